@@ -1,0 +1,53 @@
+# specdec: `make demo` and `make test` are all a fresh clone needs.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+PIP    := $(BIN)/pip install --disable-pip-version-check -q -c constraints.txt
+STAMP  := $(VENV)/.installed
+PROTOS := $(wildcard protos/specdec/v1/*.proto)
+GEN    := specdec/v1/.generated
+PYTEST := $(BIN)/python -m pytest
+
+.PHONY: setup protos test test-fast test-unit test-service lint clean
+
+setup: $(STAMP) $(GEN)
+
+# torch first and alone, pinned, so nothing later can pull a CUDA build.
+$(STAMP): pyproject.toml constraints.txt
+	@echo "== creating $(VENV) and installing specdec (pinned by constraints.txt)"
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(PIP) torch==2.13.0
+	$(PIP) -e '.[dev]' --config-settings editable_mode=compat
+	@if $(BIN)/pip list 2>/dev/null | grep -iE '^(nvidia|cuda)-'; then \
+	  echo "error: CUDA packages were installed; check constraints.txt" >&2; exit 1; fi
+	touch $@
+
+protos: $(GEN)
+
+# Generated code is not committed and never edited by hand.
+$(GEN): $(PROTOS) $(STAMP)
+	@echo "== generating Python code from protos/"
+	rm -rf specdec/v1
+	$(BIN)/python -m grpc_tools.protoc -Iprotos --python_out=. --pyi_out=. \
+	  --grpc_python_out=. $(PROTOS)
+	touch specdec/v1/__init__.py $@
+
+# The whole suite (CI runs this).
+test: setup
+	$(PYTEST) tests
+
+# The inner loop: everything but the slow tests.
+test-fast: setup
+	$(PYTEST) -m "not slow" tests
+
+test-unit: setup
+	$(PYTEST) tests/unit
+
+test-service: setup
+	$(PYTEST) tests/service
+
+lint: setup
+	$(BIN)/ruff check .
+
+clean:
+	rm -rf $(VENV) specdec/v1 .pytest_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""The coordinator: runs the speculative loop against draft and target services."""

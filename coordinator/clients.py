@@ -1,0 +1,115 @@
+"""Typed clients for the draft and target services.
+
+Protobuf stays here: the loop sees plain Python values. Every call has a deadline.
+Wire sizes of requests and replies are counted, so the loop can report bytes per round.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import grpc
+
+from specdec import wire
+from specdec.sampling import SamplingParams
+from specdec.v1 import common_pb2, draft_pb2, draft_pb2_grpc, target_pb2, target_pb2_grpc
+from specdec.verify import SparseQ, TargetRound
+
+DEFAULT_DEADLINE_S = 30.0
+
+
+@dataclass
+class SyncRequest:
+    session_id: str
+    keep_len: int
+    keep_digest: int
+    new_tokens: list[int]
+
+
+@dataclass
+class Proposal:
+    tokens: list[int]
+    dists: list[common_pb2.SparseDist]  # kept as protobuf: forwarded to Verify untouched
+    cached_len: int
+
+    def draft_prob(self, i: int) -> float:
+        """q_i(x_i); 1.0 when greedy (no dists)."""
+        if not self.dists:
+            return 1.0
+        d = self.dists[i]
+        return d.probs[list(d.token_ids).index(self.tokens[i])]
+
+
+@dataclass
+class WireBytes:
+    sent: int = 0
+    received: int = 0
+
+    def add(self, request, response) -> None:
+        self.sent += request.ByteSize()
+        self.received += response.ByteSize()
+
+
+def cached_len_of(error: grpc.RpcError) -> int | None:
+    """The server's cached_len from a FAILED_PRECONDITION/NOT_FOUND error, if it sent one."""
+    for key, value in error.trailing_metadata() or ():
+        if key == "specdec-cached-len":
+            return int(value)
+    return None
+
+
+class DraftClient:
+    def __init__(self, channel: grpc.Channel, deadline_s: float = DEFAULT_DEADLINE_S):
+        self.stub = draft_pb2_grpc.DraftServiceStub(channel)
+        self.deadline_s = deadline_s
+        self.bytes = WireBytes()
+
+    def info(self) -> common_pb2.ModelInfo:
+        return self.stub.Info(common_pb2.InfoRequest(), timeout=self.deadline_s)
+
+    def propose(self, sync: SyncRequest, num_tokens: int, sampling: SamplingParams,
+                top_n: int = 0) -> Proposal:
+        req = draft_pb2.ProposeRequest(
+            session_id=sync.session_id, keep_len=sync.keep_len, keep_digest=sync.keep_digest,
+            new_tokens=sync.new_tokens, num_tokens=num_tokens,
+            sampling=wire.sampling_to_proto(sampling), top_n=top_n,
+        )
+        resp = self.stub.Propose(req, timeout=self.deadline_s)
+        self.bytes.add(req, resp)
+        return Proposal(list(resp.tokens), list(resp.dists), resp.cached_len)
+
+    def release(self, session_id: str) -> bool:
+        req = common_pb2.ReleaseRequest(session_id=session_id)
+        return self.stub.Release(req, timeout=self.deadline_s).released
+
+
+class TargetClient:
+    def __init__(self, channel: grpc.Channel, deadline_s: float = DEFAULT_DEADLINE_S):
+        self.stub = target_pb2_grpc.TargetServiceStub(channel)
+        self.deadline_s = deadline_s
+        self.bytes = WireBytes()
+
+    def info(self) -> common_pb2.ModelInfo:
+        return self.stub.Info(common_pb2.InfoRequest(), timeout=self.deadline_s)
+
+    def verify(self, sync: SyncRequest, drafts: list[int],
+               draft_dists: list[common_pb2.SparseDist], sampling: SamplingParams,
+               round_seed: int) -> tuple[TargetRound, int]:
+        req = target_pb2.VerifyRequest(
+            session_id=sync.session_id, keep_len=sync.keep_len, keep_digest=sync.keep_digest,
+            new_tokens=sync.new_tokens + drafts, num_draft=len(drafts),
+            draft_dists=draft_dists, sampling=wire.sampling_to_proto(sampling),
+            round_seed=round_seed,
+        )
+        resp = self.stub.Verify(req, timeout=self.deadline_s)
+        self.bytes.add(req, resp)
+        result = TargetRound(list(resp.target_probs), list(resp.recovered_tokens),
+                             resp.bonus_token)
+        return result, resp.cached_len
+
+    def release(self, session_id: str) -> bool:
+        req = common_pb2.ReleaseRequest(session_id=session_id)
+        return self.stub.Release(req, timeout=self.deadline_s).released
+
+
+__all__ = ["DraftClient", "TargetClient", "SyncRequest", "Proposal", "SparseQ", "cached_len_of"]

@@ -1,0 +1,32 @@
+"""python -m draft_service --model M [--port 50051] ... (see --help)."""
+
+from __future__ import annotations
+
+import sys
+
+from draft_service import server
+from draft_service.config import DraftConfig, from_args
+from draft_service.engine import DraftEngine
+from specdec.grpc_server import SpecdecServer, build_server, serve_until_signal
+from specdec.service_cli import load_cached_model, log_start, setup_logging
+
+
+def create(cfg: DraftConfig) -> tuple[SpecdecServer, int, DraftEngine]:
+    """Load the model and build the (not yet started) server."""
+    engine = DraftEngine(load_cached_model(cfg), cfg.max_draft_tokens, cfg.top_n)
+    grpc_server, port = build_server(cfg.address, [server.service(engine)],
+                                     max_workers=cfg.workers)
+    return grpc_server, port, engine
+
+
+def main(argv: list[str] | None = None) -> int:
+    cfg = from_args(argv)
+    setup_logging(cfg.log_level)
+    grpc_server, port, engine = create(cfg)
+    log_start("draft", cfg, port, engine.model.vocab_size)
+    serve_until_signal(grpc_server, cfg.grace)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,90 @@
+"""DraftEngine: Propose without gRPC.
+
+Feeds the new tokens, then samples K tokens one at a time from the processed
+distribution truncated to top_n (the sparse q it reports is exactly what it sampled
+from). Its cache ends holding everything but x_K, which it has not fed; the next
+request's keep_len drops rejected drafts or feeds x_K when all were accepted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from specdec.errors import require
+from specdec.runtime.cached_model import CachedModel, ServiceInfo, SyncArgs
+from specdec.sampling import (
+    DEFAULT_TOP_N,
+    SamplingParams,
+    generator,
+    process_logits,
+    sample,
+    truncate,
+)
+from specdec.verify import SparseQ
+
+
+@dataclass
+class ProposeArgs(SyncArgs):
+    num_tokens: int = 1  # K
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    top_n: int = 0  # 0 = the engine's default
+
+
+@dataclass
+class ProposeResult:
+    tokens: list[int]
+    dists: list[SparseQ]  # empty when greedy
+    cached_len: int
+
+
+class DraftEngine:
+    def __init__(self, model: CachedModel, max_draft_tokens: int = 16,
+                 default_top_n: int = DEFAULT_TOP_N):
+        self.model = model
+        self.max_draft_tokens = max_draft_tokens
+        self.default_top_n = default_top_n
+
+    def info(self) -> ServiceInfo:
+        b = self.model.backend
+        return ServiceInfo(b.loaded.model_id, b.vocab_size, b.loaded.tokenizer_digest,
+                           b.max_context, b.name, str(b.device), self.max_draft_tokens,
+                           self.model.store.max_sessions, self.default_top_n)
+
+    def validate(self, args: ProposeArgs) -> int:
+        """INVALID_ARGUMENT for a malformed request; returns the effective top_n."""
+        k = args.num_tokens
+        require(1 <= k <= self.max_draft_tokens,
+                f"num_tokens must be in [1, {self.max_draft_tokens}], got {k}")
+        args.sampling.validate()
+        require(args.top_n >= 0, f"top_n must be >= 0 (0 = default), got {args.top_n}")
+        # The cache will hold the new tokens and K - 1 drafts.
+        self.model.check_sync(args, extra_positions=k - 1)
+        return args.top_n or self.default_top_n
+
+    def propose(self, args: ProposeArgs) -> ProposeResult:
+        top_n = self.validate(args)
+        params = args.sampling
+        # Seeded by the request's content: the same request on the same state gives the
+        # same answer (safe to retry), and different prefixes draw independently.
+        gen = generator(params.seed, "draft", args.keep_len + len(args.new_tokens),
+                        args.fed_digest)
+        tokens: list[int] = []
+        dists: list[SparseQ] = []
+        with self.model.store.use(args.session_id, args.keep_len, args.keep_digest) as s:
+            logits = self.model.sync(s, args, keep_last=1)[0]
+            for i in range(args.num_tokens):
+                probs = process_logits(logits, params)
+                if params.greedy:
+                    x = int(probs.argmax())
+                else:
+                    ids, q = truncate(probs, top_n)
+                    x = int(ids[sample(q, gen)])
+                    dists.append(SparseQ(ids, q))
+                tokens.append(x)
+                if i + 1 < args.num_tokens:
+                    logits = self.model.step(s, x)
+            return ProposeResult(tokens, dists, s.cached_len)
+
+    def release(self, session_id: str) -> bool:
+        require(bool(session_id), "session_id must not be empty")
+        return self.model.store.release(session_id)

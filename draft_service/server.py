@@ -1,0 +1,38 @@
+"""DraftService over gRPC: protobuf in, DraftEngine, protobuf out."""
+
+from __future__ import annotations
+
+from draft_service.engine import DraftEngine, ProposeArgs
+from specdec import wire
+from specdec.grpc_server import Service
+from specdec.v1 import common_pb2, draft_pb2, draft_pb2_grpc
+
+SERVICE_NAME = draft_pb2.DESCRIPTOR.services_by_name["DraftService"].full_name
+
+
+class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
+    def __init__(self, engine: DraftEngine):
+        self.engine = engine
+
+    def Info(self, request, context):
+        return wire.info_to_proto(self.engine.info())
+
+    def Propose(self, request: draft_pb2.ProposeRequest, context):
+        result = self.engine.propose(ProposeArgs(
+            session_id=request.session_id, keep_len=request.keep_len,
+            keep_digest=request.keep_digest, new_tokens=list(request.new_tokens),
+            num_tokens=request.num_tokens,
+            sampling=wire.sampling_from_proto(request.sampling), top_n=request.top_n,
+        ))
+        return draft_pb2.ProposeResponse(
+            tokens=result.tokens, dists=[wire.dist_to_proto(q) for q in result.dists],
+            cached_len=result.cached_len,
+        )
+
+    def Release(self, request, context):
+        return common_pb2.ReleaseResponse(released=self.engine.release(request.session_id))
+
+
+def service(engine: DraftEngine) -> Service:
+    return Service(draft_pb2_grpc.add_DraftServiceServicer_to_server, DraftServicer(engine),
+                   SERVICE_NAME)

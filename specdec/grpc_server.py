@@ -1,0 +1,172 @@
+"""A gRPC server with what every specdec service needs.
+
+`build_server(address, services)` returns the server and its bound port (bind
+"127.0.0.1:0" to get a free one). It adds grpc.health.v1 and reflection, message size
+limits, a concurrency cap (RESOURCE_EXHAUSTED past it, from gRPC itself), and an
+interceptor that turns specdec's domain errors into status codes (errors.py). `stop`
+marks every service NOT_SERVING before stopping with a grace period;
+`serve_until_signal` does that on SIGTERM/SIGINT.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from collections.abc import Callable, Sequence
+from concurrent import futures
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from specdec.errors import grpc_status
+
+log = logging.getLogger(__name__)
+
+MAX_MESSAGE_BYTES = 8 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Service:
+    """A servicer, its generated `add_*_to_server` function and its full name."""
+
+    add_to_server: Callable[[Any, grpc.Server], None]
+    servicer: Any
+    name: str  # e.g. "specdec.v1.DraftService"
+
+
+class ErrorMappingInterceptor(grpc.ServerInterceptor):
+    """SpecdecError -> its status code and message; anything else -> INTERNAL, logged."""
+
+    def intercept_service(self, continuation, handler_call_details):
+        handler = continuation(handler_call_details)
+        if handler is None:
+            return None
+        method = handler_call_details.method
+        if handler.unary_unary is not None:
+            return handler._replace(unary_unary=_guard_unary(handler.unary_unary, method))
+        if handler.unary_stream is not None:
+            return handler._replace(unary_stream=_guard_stream(handler.unary_stream, method))
+        return handler
+
+
+def _abort(exc: Exception, context: grpc.ServicerContext, method: str):
+    code, message, metadata = grpc_status(exc)
+    if code == grpc.StatusCode.INTERNAL:
+        log.exception("%s failed", method)
+    if metadata:
+        context.set_trailing_metadata(metadata)
+    context.abort(code, message)
+
+
+def _already_aborted(context) -> bool:
+    return context.code() not in (None, grpc.StatusCode.OK)
+
+
+def _guard_unary(behavior, method):
+    def guarded(request, context):
+        try:
+            return behavior(request, context)
+        except Exception as exc:
+            if _already_aborted(context):
+                raise
+            _abort(exc, context, method)
+
+    return guarded
+
+
+def _guard_stream(behavior, method):
+    def guarded(request, context):
+        try:
+            yield from behavior(request, context)
+        except Exception as exc:
+            if _already_aborted(context):
+                raise
+            _abort(exc, context, method)
+
+    return guarded
+
+
+class SpecdecServer:
+    def __init__(self, server: grpc.Server, health_servicer, names: Sequence[str]):
+        self.grpc = server
+        self.health = health_servicer
+        self.names = list(names)
+        self._stopped = threading.Event()
+
+    def set_serving(self, serving: bool) -> None:
+        status = (health_pb2.HealthCheckResponse.SERVING if serving
+                  else health_pb2.HealthCheckResponse.NOT_SERVING)
+        for name in ["", *self.names]:
+            self.health.set(name, status)
+
+    def start(self) -> None:
+        self.grpc.start()
+        self.set_serving(True)
+
+    def stop(self, grace: float = 5.0) -> None:
+        """NOT_SERVING first (load balancers drain), then stop, letting RPCs finish."""
+        if self._stopped.is_set():
+            return
+        self._stopped.set()
+        self.set_serving(False)
+        self.grpc.stop(grace).wait()
+
+    def wait(self) -> None:
+        self.grpc.wait_for_termination()
+
+
+def build_server(
+    address: str,
+    services: Sequence[Service],
+    max_workers: int = 16,
+    max_concurrent_rpcs: int | None = 64,
+    max_message_bytes: int = MAX_MESSAGE_BYTES,
+) -> tuple[SpecdecServer, int]:
+    """A server bound to `address` ("host:port"; port 0 = any free one), not started."""
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="rpc"),
+        interceptors=[ErrorMappingInterceptor()],
+        maximum_concurrent_rpcs=max_concurrent_rpcs,
+        options=[
+            ("grpc.max_receive_message_length", max_message_bytes),
+            ("grpc.max_send_message_length", max_message_bytes),
+            ("grpc.so_reuseport", 0),
+        ],
+    )
+    for svc in services:
+        svc.add_to_server(svc.servicer, server)
+    health_servicer = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    names = [svc.name for svc in services]
+    reflection.enable_server_reflection(
+        [*names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+         reflection.SERVICE_NAME],
+        server,
+    )
+    try:
+        port = server.add_insecure_port(address)
+    except RuntimeError as exc:
+        raise OSError(f"cannot bind {address}: address in use or not available") from exc
+    if port == 0:
+        raise OSError(f"cannot bind {address}: address in use or not available")
+    wrapper = SpecdecServer(server, health_servicer, names)
+    wrapper.set_serving(False)
+    return wrapper, port
+
+
+def serve_until_signal(server: SpecdecServer, grace: float = 5.0) -> None:
+    """Start, serve until SIGTERM/SIGINT, then drain gracefully."""
+    def on_signal(signum, _frame):
+        log.info("received %s: NOT_SERVING, draining for up to %.0f s",
+                 signal.Signals(signum).name, grace)
+        threading.Thread(target=server.stop, args=(grace,), daemon=True).start()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    server.start()
+    server.wait()
+    log.info("stopped")

@@ -1,0 +1,118 @@
+"""Models by name.
+
+* ``tiny-random``: a 2-layer llama built in-process from a fixed seed (no files, loads
+  in milliseconds); for tests.
+* ``tiny-random-draft``: the same architecture and weights, perturbed from another fixed
+  seed, so that its greedy choices agree with ``tiny-random`` only part of the time.
+* anything else: a Hugging Face model folder on disk (safetensors + tokenizer).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+log = logging.getLogger(__name__)
+
+TINY_TARGET = "tiny-random"
+TINY_DRAFT = "tiny-random-draft"
+TINY_NAMES = (TINY_TARGET, TINY_DRAFT)
+TINY_VOCAB = 768
+TINY_SEED = 1234
+TINY_DRAFT_SEED = 4321
+# Relative noise added to every draft weight; chosen so that greedy agreement with the
+# target is partial (see tests/runtime/test_models.py for the measured band).
+TINY_DRAFT_NOISE = 0.03
+
+
+@dataclass
+class LoadedModel:
+    model: Any  # a transformers PreTrainedModel in eval mode
+    model_id: str
+    vocab_size: int
+    tokenizer_digest: str
+    max_context: int
+    tokenizer: Any = None  # None for the tiny models (they speak token ids only)
+
+
+def _tiny_config():
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        vocab_size=TINY_VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        initializer_range=0.25,  # peaky distributions: acceptance tests see real rejections
+        tie_word_embeddings=False,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
+    )
+
+
+def build_tiny(name: str) -> LoadedModel:
+    """Build `tiny-random` or `tiny-random-draft` deterministically."""
+    from transformers import LlamaForCausalLM
+
+    if name not in TINY_NAMES:
+        raise ValueError(f"unknown tiny model {name!r}")
+    config = _tiny_config()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(TINY_SEED)
+        model = LlamaForCausalLM(config)
+    if name == TINY_DRAFT:
+        g = torch.Generator().manual_seed(TINY_DRAFT_SEED)
+        with torch.no_grad():
+            for param in model.parameters():
+                noise = torch.randn(param.shape, generator=g) * param.std().clamp(min=1e-3)
+                param.add_(noise * TINY_DRAFT_NOISE)
+    model.eval()
+    digest = hashlib.sha256(f"tiny-random-vocab-{TINY_VOCAB}".encode()).hexdigest()[:16]
+    return LoadedModel(model, name, TINY_VOCAB, digest, config.max_position_embeddings)
+
+
+def tokenizer_digest(tokenizer) -> str:
+    """A digest of what token ids mean: the vocabulary and the special tokens."""
+    vocab = sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])
+    payload = json.dumps({"vocab": vocab, "special": tokenizer.all_special_tokens})
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def load_folder(path: str, device: str = "cpu", dtype: str = "float32") -> LoadedModel:
+    """Load a Hugging Face causal LM and its tokenizer from a folder on disk (offline)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if not os.path.isdir(path):
+        raise FileNotFoundError(
+            f"model {path!r} is neither a built-in name ({', '.join(TINY_NAMES)}) "
+            "nor a Hugging Face model folder on disk"
+        )
+    model = AutoModelForCausalLM.from_pretrained(
+        path, dtype=getattr(torch, dtype), local_files_only=True
+    ).to(device)
+    model.eval()
+    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    config = model.config
+    vocab = int(config.vocab_size)
+    max_context = int(getattr(config, "max_position_embeddings", 2048))
+    return LoadedModel(model, os.path.basename(os.path.normpath(path)), vocab,
+                       tokenizer_digest(tokenizer), max_context, tokenizer)
+
+
+def load(name: str, device: str = "cpu", dtype: str = "float32") -> LoadedModel:
+    """A built-in tiny model by name, or a Hugging Face folder by path."""
+    if name in TINY_NAMES:
+        loaded = build_tiny(name)
+        loaded.model.to(device)
+        return loaded
+    return load_folder(name, device, dtype)

@@ -1,0 +1,188 @@
+"""Per-session KV caches under the cache-sync rule (DESIGN.md).
+
+A request names a session and says "keep the first keep_len tokens of your cache, whose
+digest is keep_digest, drop the rest, then feed new_tokens". The store checks that
+promise in O(1) against per-position digests, hands the session out to exactly one
+request at a time (check-out), and takes it back only when the work succeeded: a
+failed forward pass drops the session instead of leaving a half-updated cache.
+
+Bounded: at most `max_sessions` live sessions, idle ones expire after `ttl_s`; nothing
+is evicted while checked out.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from specdec import digest as digests
+from specdec.errors import Aborted, FailedPrecondition, NotFound, ResourceExhausted
+
+
+@dataclass
+class Session:
+    session_id: str
+    cache: Any  # backend-specific KV cache
+    tokens: list[int] = field(default_factory=list)
+    # prefix[i] is the digest of tokens[:i]; always len(tokens) + 1 entries.
+    prefix: list[int] = field(default_factory=lambda: [digests.EMPTY])
+    last_used: float = 0.0
+
+    @property
+    def cached_len(self) -> int:
+        return len(self.tokens)
+
+    def truncate(self, length: int) -> None:
+        """Forget the bookkeeping of positions >= length (the caller crops the cache)."""
+        del self.tokens[length:]
+        del self.prefix[length + 1 :]
+
+    def append(self, tokens: list[int]) -> None:
+        self.tokens.extend(tokens)
+        self.prefix.extend(digests.prefix_digests(tokens, self.prefix[-1]))
+
+
+@dataclass
+class StoreStats:
+    live: int
+    checked_out: int
+    evicted_idle: int
+    released: int
+
+
+class SessionStore:
+    def __init__(
+        self,
+        new_cache: Callable[[], Any],
+        max_sessions: int = 64,
+        ttl_s: float = 600.0,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self._new_cache = new_cache
+        self.max_sessions = max_sessions
+        self.ttl_s = ttl_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._idle: dict[str, Session] = {}  # sessions at rest
+        self._busy: set[str] = set()  # checked out
+        self._release_on_return: set[str] = set()
+        self._evicted_idle = 0
+        self._released = 0
+
+    # -- check-out / put-back --------------------------------------------------------
+
+    def checkout(self, session_id: str, keep_len: int, keep_digest: int) -> Session:
+        """Take a session out of the store, validated against (keep_len, keep_digest).
+
+        keep_len == 0 creates the session or restarts it. Raises NotFound,
+        FailedPrecondition, ResourceExhausted or Aborted without changing anything.
+        The caller must crop the cache to keep_len (via `session.truncate` and the
+        backend) and then call `put_back` or `drop`.
+        """
+        with self._lock:
+            now = self._clock()
+            self._evict_expired(now)
+            if session_id in self._busy:
+                raise Aborted(
+                    f"session {session_id!r} is busy with another request; "
+                    "retry when that request has finished"
+                )
+            session = self._idle.get(session_id)
+            if session is None:
+                if keep_len > 0:
+                    raise NotFound(
+                        f"session {session_id!r} is unknown or was evicted; "
+                        "start it again with keep_len = 0 and the whole prefix",
+                        cached_len=0,
+                    )
+                if len(self._idle) + len(self._busy) >= self.max_sessions:
+                    raise ResourceExhausted(
+                        f"session cap reached ({self.max_sessions} live sessions); "
+                        "release finished sessions or retry later"
+                    )
+                session = Session(session_id, self._new_cache())
+            else:
+                if keep_len > session.cached_len:
+                    raise FailedPrecondition(
+                        f"session {session_id!r} holds {session.cached_len} tokens, fewer "
+                        f"than keep_len = {keep_len}; resend with keep_len <= "
+                        f"{session.cached_len}",
+                        cached_len=session.cached_len,
+                    )
+                if session.prefix[keep_len] != keep_digest:
+                    raise FailedPrecondition(
+                        f"session {session_id!r}: digest of the first {keep_len} cached "
+                        f"tokens differs from keep_digest (the server holds "
+                        f"{session.cached_len} tokens of another prefix); resync with a "
+                        "shorter keep_len or keep_len = 0",
+                        cached_len=session.cached_len,
+                    )
+                del self._idle[session_id]
+            self._busy.add(session_id)
+            return session
+
+    def put_back(self, session: Session) -> None:
+        with self._lock:
+            self._busy.discard(session.session_id)
+            if session.session_id in self._release_on_return:
+                self._release_on_return.discard(session.session_id)
+                self._released += 1
+                return
+            session.last_used = self._clock()
+            self._idle[session.session_id] = session
+
+    def drop(self, session: Session) -> None:
+        """Forget a checked-out session (its work failed; its cache may be half-updated)."""
+        with self._lock:
+            self._busy.discard(session.session_id)
+            self._release_on_return.discard(session.session_id)
+
+    @contextmanager
+    def use(self, session_id: str, keep_len: int, keep_digest: int) -> Iterator[Session]:
+        """Check out, yield, then put back on success or drop on any exception."""
+        session = self.checkout(session_id, keep_len, keep_digest)
+        try:
+            yield session
+        except BaseException:
+            self.drop(session)
+            raise
+        self.put_back(session)
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    def release(self, session_id: str) -> bool:
+        """Free a session. A checked-out one is freed when its request returns."""
+        with self._lock:
+            if self._idle.pop(session_id, None) is not None:
+                self._released += 1
+                return True
+            if session_id in self._busy:
+                self._release_on_return.add(session_id)
+                return True
+            return False
+
+    def _evict_expired(self, now: float) -> None:
+        expired = [s for s, sess in self._idle.items() if now - sess.last_used > self.ttl_s]
+        for sid in expired:
+            del self._idle[sid]
+        self._evicted_idle += len(expired)
+
+    def evict_expired(self) -> int:
+        """Drop idle sessions past their TTL; returns how many."""
+        with self._lock:
+            before = self._evicted_idle
+            self._evict_expired(self._clock())
+            return self._evicted_idle - before
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._idle) + len(self._busy)
+
+    def stats(self) -> StoreStats:
+        with self._lock:
+            return StoreStats(len(self._idle) + len(self._busy), len(self._busy),
+                              self._evicted_idle, self._released)

@@ -1,0 +1,89 @@
+"""What the draft and target services share at start-up: flags, logging, model loading."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import time
+from dataclasses import dataclass
+
+from specdec.runtime.cached_model import CachedModel
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ModelServiceConfig:
+    model: str = "tiny-random"
+    backend: str = "torch"
+    device: str = "cpu"
+    dtype: str = "float32"
+    host: str = "127.0.0.1"
+    port: int = 0
+    max_sessions: int = 64
+    session_ttl: float = 600.0
+    max_draft_tokens: int = 16
+    threads: int = 0
+    workers: int = 16
+    grace: float = 5.0
+    log_level: str = "INFO"
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+def add_model_service_flags(p: argparse.ArgumentParser, default_port: int) -> None:
+    p.add_argument("--model", required=True,
+                   help="model name (tiny-random, tiny-random-draft) or a Hugging Face model "
+                        "folder on disk (required)")
+    p.add_argument("--backend", default="torch", choices=["torch"],
+                   help="inference runtime (default: %(default)s)")
+    p.add_argument("--device", default="cpu",
+                   help="torch device, e.g. cpu or cuda:0 (default: %(default)s)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                   help="weight dtype for folder models (default: %(default)s)")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on; 0.0.0.0 for all interfaces (default: %(default)s)")
+    p.add_argument("--port", type=int, default=default_port,
+                   help="port to listen on; 0 picks a free one (default: %(default)s)")
+    p.add_argument("--max-sessions", type=int, default=64,
+                   help="live sessions (KV caches) held at most; more get RESOURCE_EXHAUSTED "
+                        "(default: %(default)s)")
+    p.add_argument("--session-ttl", type=float, default=600.0, metavar="SECONDS",
+                   help="idle seconds after which a session is evicted (default: %(default)s)")
+    p.add_argument("--max-draft-tokens", type=int, default=16,
+                   help="largest K a request may ask for (default: %(default)s)")
+    p.add_argument("--threads", type=int, default=0,
+                   help="torch intra-op threads; 0 leaves torch's default (default: %(default)s)")
+    p.add_argument("--workers", type=int, default=16,
+                   help="gRPC worker threads (default: %(default)s)")
+    p.add_argument("--grace", type=float, default=5.0, metavar="SECONDS",
+                   help="on SIGTERM/SIGINT, seconds in-flight RPCs get to finish "
+                        "(default: %(default)s)")
+    p.add_argument("--log-level", default="INFO",
+                   choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="(default: %(default)s)")
+
+
+def setup_logging(level: str) -> None:
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def load_cached_model(cfg: ModelServiceConfig) -> CachedModel:
+    """Load the model named by cfg into a backend with a bounded session store."""
+    import torch
+
+    from specdec.runtime.models import load
+    from specdec.runtime.torch_backend import TorchBackend
+
+    if cfg.threads > 0:
+        torch.set_num_threads(cfg.threads)
+    t0 = time.perf_counter()
+    backend = TorchBackend(load(cfg.model, cfg.device, cfg.dtype), cfg.device)
+    log.info("loaded model %s in %.2f s", cfg.model, time.perf_counter() - t0)
+    return CachedModel(backend, cfg.max_sessions, cfg.session_ttl)
+
+
+def log_start(kind: str, cfg: ModelServiceConfig, port: int, vocab_size: int) -> None:
+    log.info("%s service ready: model=%s backend=%s device=%s vocab=%d address=%s:%d",
+             kind, cfg.model, cfg.backend, cfg.device, vocab_size, cfg.host, port)

@@ -1,0 +1,1 @@
+"""The target service: verifies K drafted tokens in one forward pass."""

@@ -1,0 +1,32 @@
+"""python -m target_service --model M [--port 50052] ... (see --help)."""
+
+from __future__ import annotations
+
+import sys
+
+from specdec.grpc_server import SpecdecServer, build_server, serve_until_signal
+from specdec.service_cli import load_cached_model, log_start, setup_logging
+from target_service import server
+from target_service.config import TargetConfig, from_args
+from target_service.engine import TargetEngine
+
+
+def create(cfg: TargetConfig) -> tuple[SpecdecServer, int, TargetEngine]:
+    """Load the model and build the (not yet started) server."""
+    engine = TargetEngine(load_cached_model(cfg), cfg.max_draft_tokens)
+    grpc_server, port = build_server(cfg.address, [server.service(engine)],
+                                     max_workers=cfg.workers)
+    return grpc_server, port, engine
+
+
+def main(argv: list[str] | None = None) -> int:
+    cfg = from_args(argv)
+    setup_logging(cfg.log_level)
+    grpc_server, port, engine = create(cfg)
+    log_start("target", cfg, port, engine.model.vocab_size)
+    serve_until_signal(grpc_server, cfg.grace)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,109 @@
+"""TargetEngine: Verify without gRPC.
+
+One forward pass over new_tokens (committed tail + K drafts) gives p_1..p_{K+1}; the
+engine returns p_i(x_i), a recovered sample from norm(max(0, p_i - q_i)) per position
+and a bonus sample from p_{K+1}, drawn from a generator seeded by round_seed. The
+coordinator makes the decisions. The entry point takes a batch so that cross-session
+batching can replace the loop without changing callers.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from specdec.errors import SpecdecError, require
+from specdec.runtime.cached_model import CachedModel, ServiceInfo, SyncArgs
+from specdec.sampling import SamplingParams, generator, process_logits
+from specdec.verify import SparseQ, TargetRound, target_round
+
+
+@dataclass
+class VerifyArgs(SyncArgs):
+    num_draft: int = 0
+    # (token_ids, probs) per draft as received; empty when greedy.
+    draft_dists: list[tuple[list[int], list[float]]] = field(default_factory=list)
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    round_seed: int = 0
+
+
+@dataclass
+class VerifyResult:
+    round: TargetRound
+    cached_len: int
+
+
+class TargetEngine:
+    def __init__(self, model: CachedModel, max_draft_tokens: int = 16):
+        self.model = model
+        self.max_draft_tokens = max_draft_tokens
+
+    def info(self) -> ServiceInfo:
+        b = self.model.backend
+        return ServiceInfo(b.loaded.model_id, b.vocab_size, b.loaded.tokenizer_digest,
+                           b.max_context, b.name, str(b.device), self.max_draft_tokens,
+                           self.model.store.max_sessions)
+
+    def _check_dist(self, i: int, token: int, ids: list[int], probs: list[float]) -> SparseQ:
+        where = f"draft_dists[{i}]"
+        require(len(ids) == len(probs) and ids,
+                f"{where}: token_ids and probs must have the same, non-zero length "
+                f"(got {len(ids)} and {len(probs)})")
+        self.model.check_tokens(ids, f"{where}.token_ids")
+        require(len(set(ids)) == len(ids), f"{where}: token_ids has duplicates")
+        require(all(math.isfinite(p) and p >= 0.0 for p in probs),
+                f"{where}: probs must be finite and >= 0")
+        total = math.fsum(probs)
+        require(abs(total - 1.0) < 1e-3, f"{where}: probs must sum to 1, got {total:.6f}")
+        q = SparseQ(torch.tensor(ids, dtype=torch.long), torch.tensor(probs, dtype=torch.float32))
+        require(q.prob_of(token) > 0.0,
+                f"{where} gives probability 0 to its own draft token {token}; "
+                "send the distribution the token was sampled from")
+        return q
+
+    def validate(self, args: VerifyArgs) -> list[SparseQ] | None:
+        """INVALID_ARGUMENT for a malformed request; returns the parsed q's (None = greedy)."""
+        k = args.num_draft
+        require(0 <= k <= self.max_draft_tokens,
+                f"num_draft must be in [0, {self.max_draft_tokens}], got {k}")
+        require(k < len(args.new_tokens),
+                f"num_draft = {k} needs more than {k} new_tokens: the token before the first "
+                f"draft must be fed in the same request (got {len(args.new_tokens)})")
+        args.sampling.validate()
+        require(0 <= args.round_seed < 2**64, "round_seed must fit in 64 bits")
+        self.model.check_sync(args)
+        drafts = args.new_tokens[len(args.new_tokens) - k:] if k else []
+        if args.sampling.greedy:
+            require(not args.draft_dists,
+                    "draft_dists must be empty for greedy sampling (temperature = 0)")
+            return None
+        require(len(args.draft_dists) == k,
+                f"need one draft_dist per draft: num_draft = {k}, got {len(args.draft_dists)}")
+        pairs = zip(drafts, args.draft_dists, strict=True)
+        return [self._check_dist(i, x, *d) for i, (x, d) in enumerate(pairs)]
+
+    def verify(self, args: VerifyArgs) -> VerifyResult:
+        draft_q = self.validate(args)
+        k = args.num_draft
+        drafts = args.new_tokens[len(args.new_tokens) - k:] if k else []
+        with self.model.store.use(args.session_id, args.keep_len, args.keep_digest) as s:
+            logits = self.model.sync(s, args, keep_last=k + 1)
+            p = process_logits(logits, args.sampling)
+            result = target_round(p, drafts, draft_q, generator(args.round_seed, "verify"))
+            return VerifyResult(result, s.cached_len)
+
+    def verify_batch(self, batch: list[VerifyArgs]) -> list[VerifyResult | SpecdecError]:
+        """Verify several requests (sessions); each gets its result or its own error."""
+        out: list[VerifyResult | SpecdecError] = []
+        for args in batch:
+            try:
+                out.append(self.verify(args))
+            except SpecdecError as e:
+                out.append(e)
+        return out
+
+    def release(self, session_id: str) -> bool:
+        require(bool(session_id), "session_id must not be empty")
+        return self.model.store.release(session_id)

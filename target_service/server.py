@@ -1,0 +1,43 @@
+"""TargetService over gRPC: protobuf in, TargetEngine, protobuf out."""
+
+from __future__ import annotations
+
+from specdec import wire
+from specdec.grpc_server import Service
+from specdec.v1 import common_pb2, target_pb2, target_pb2_grpc
+from target_service.engine import TargetEngine, VerifyArgs
+
+SERVICE_NAME = target_pb2.DESCRIPTOR.services_by_name["TargetService"].full_name
+
+
+class TargetServicer(target_pb2_grpc.TargetServiceServicer):
+    def __init__(self, engine: TargetEngine):
+        self.engine = engine
+
+    def Info(self, request, context):
+        return wire.info_to_proto(self.engine.info())
+
+    def Verify(self, request: target_pb2.VerifyRequest, context):
+        args = VerifyArgs(
+            session_id=request.session_id, keep_len=request.keep_len,
+            keep_digest=request.keep_digest, new_tokens=list(request.new_tokens),
+            num_draft=request.num_draft,
+            draft_dists=[wire.dist_from_proto(d) for d in request.draft_dists],
+            sampling=wire.sampling_from_proto(request.sampling), round_seed=request.round_seed,
+        )
+        (result,) = self.engine.verify_batch([args])
+        if isinstance(result, Exception):
+            raise result
+        r = result.round
+        return target_pb2.VerifyResponse(
+            target_probs=r.target_probs, recovered_tokens=r.recovered_tokens,
+            bonus_token=r.bonus_token, cached_len=result.cached_len,
+        )
+
+    def Release(self, request, context):
+        return common_pb2.ReleaseResponse(released=self.engine.release(request.session_id))
+
+
+def service(engine: TargetEngine) -> Service:
+    return Service(target_pb2_grpc.add_TargetServiceServicer_to_server,
+                   TargetServicer(engine), SERVICE_NAME)
