@@ -7,8 +7,8 @@ import sys
 from draft_service import server
 from draft_service.config import DraftConfig, from_args
 from draft_service.engine import DraftEngine
-from specdec.grpc_server import SpecdecServer, build_server, serve_until_signal
-from specdec.service_cli import load_cached_model, log_start, setup_logging
+from specdec.grpc_server import SpecdecServer, build_server
+from specdec.service_cli import load_cached_model, run
 
 
 def create(cfg: DraftConfig) -> tuple[SpecdecServer, int, DraftEngine]:
@@ -20,12 +20,7 @@ def create(cfg: DraftConfig) -> tuple[SpecdecServer, int, DraftEngine]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    cfg = from_args(argv)
-    setup_logging(cfg.log_level)
-    grpc_server, port, engine = create(cfg)
-    log_start("draft", cfg, port, engine.model.vocab_size)
-    serve_until_signal(grpc_server, cfg.grace)
-    return 0
+    return run("draft", from_args(argv), create)
 
 
 if __name__ == "__main__":

@@ -87,3 +87,22 @@ def load_cached_model(cfg: ModelServiceConfig) -> CachedModel:
 def log_start(kind: str, cfg: ModelServiceConfig, port: int, vocab_size: int) -> None:
     log.info("%s service ready: model=%s backend=%s device=%s vocab=%d address=%s:%d",
              kind, cfg.model, cfg.backend, cfg.device, vocab_size, cfg.host, port)
+
+
+def run(kind: str, cfg: ModelServiceConfig, create) -> int:
+    """Set up logging, build the service with `create(cfg)`, serve until SIGTERM/SIGINT.
+
+    Start-up failures (model folder missing, port in use) are one clear log line and
+    exit status 2, not a traceback.
+    """
+    from specdec.grpc_server import serve_until_signal
+
+    setup_logging(cfg.log_level)
+    try:
+        server, port, engine = create(cfg)
+    except (OSError, ValueError) as exc:
+        log.error("cannot start the %s service: %s", kind, exc)
+        return 2
+    log_start(kind, cfg, port, engine.model.vocab_size)
+    serve_until_signal(server, cfg.grace)
+    return 0

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import sys
 
-from specdec.grpc_server import SpecdecServer, build_server, serve_until_signal
-from specdec.service_cli import load_cached_model, log_start, setup_logging
+from specdec.grpc_server import SpecdecServer, build_server
+from specdec.service_cli import load_cached_model, run
 from target_service import server
 from target_service.config import TargetConfig, from_args
 from target_service.engine import TargetEngine
@@ -20,12 +20,7 @@ def create(cfg: TargetConfig) -> tuple[SpecdecServer, int, TargetEngine]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    cfg = from_args(argv)
-    setup_logging(cfg.log_level)
-    grpc_server, port, engine = create(cfg)
-    log_start("target", cfg, port, engine.model.vocab_size)
-    serve_until_signal(grpc_server, cfg.grace)
-    return 0
+    return run("target", from_args(argv), create)
 
 
 if __name__ == "__main__":

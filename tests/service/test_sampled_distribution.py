@@ -1,0 +1,83 @@
+"""Sampled speculative output over the real services follows the target's distribution."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from coordinator.loop import SpeculativeLoop
+from specdec.sampling import SamplingParams, process_logits
+
+PROMPT = [31, 415, 92, 65]
+TRIALS = 1500
+
+
+def target_joint(backend, params: SamplingParams) -> dict[tuple[int, int], float]:
+    """Exact P(t1, t2) = p(t1 | prompt) * p(t2 | prompt, t1) from the target model."""
+    p1 = process_logits(backend.forward(backend.new_cache(), PROMPT)[0], params)
+    joint = {}
+    for t1 in p1.nonzero().flatten().tolist():
+        p2 = process_logits(backend.forward(backend.new_cache(), PROMPT + [t1])[0], params)
+        for t2 in p2.nonzero().flatten().tolist():
+            joint[(t1, t2)] = float(p1[t1] * p2[t2])
+    return joint
+
+
+def chi_square_p_value(counts: Counter, expected_probs: dict, n: int) -> float:
+    """Goodness of fit; cells expected below 5 are pooled into one."""
+    assert set(counts) <= set(expected_probs), "emitted a pair the target gives probability 0"
+    observed, expected = [], []
+    pooled_obs = pooled_exp = 0.0
+    for cell, prob in expected_probs.items():
+        if prob * n >= 5:
+            observed.append(counts.get(cell, 0))
+            expected.append(prob * n)
+        else:
+            pooled_obs += counts.get(cell, 0)
+            pooled_exp += prob * n
+    if pooled_exp > 0:
+        observed.append(pooled_obs)
+        expected.append(pooled_exp)
+    scale = sum(observed) / sum(expected)
+    return float(chisquare(observed, [e * scale for e in expected]).pvalue)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("params", "top_n", "k"),
+    [
+        (SamplingParams(temperature=1.0, top_k=6), 0, 2),
+        (SamplingParams(temperature=0.8, top_p=0.6), 2, 3),  # sparse q: 2 ids per draft
+    ],
+    ids=["top_k6-K2", "top_p0.6-top_n2-K3"],
+)
+def test_two_token_joint_matches_target(draft_client, target_client, target_server,
+                                        params, top_n, k):
+    backend = target_server[1].model.backend
+    expected = target_joint(backend, params)
+    loop = SpeculativeLoop(draft_client, target_client, top_n=top_n)
+    counts: Counter = Counter()
+    accepted = drafted = 0
+    for seed in range(TRIALS):
+        trial = SamplingParams(params.temperature, params.top_k, params.top_p, seed)
+        result = loop.generate(PROMPT, 2, trial, num_draft_tokens=k)
+        counts[tuple(result.token_ids)] += 1
+        accepted += result.stats.accepted_tokens
+        drafted += result.stats.drafted_tokens
+    assert 0 < accepted < drafted  # both accept and reject paths were exercised
+    p_value = chi_square_p_value(counts, expected, TRIALS)
+    print(f"chi-square p = {p_value:.3f}, acceptance = {accepted / drafted:.2f}")
+    assert p_value > 1e-3, (p_value, counts.most_common(8))
+
+
+def test_chi_square_helper_has_power():
+    """The helper rejects a clearly different distribution (guards against a vacuous test)."""
+    expected = {(0, 0): 0.5, (0, 1): 0.3, (1, 0): 0.2}
+    g = torch.Generator().manual_seed(0)
+    draws = torch.multinomial(torch.tensor([0.3, 0.3, 0.4]), 1500, True, generator=g).tolist()
+    cells = list(expected)
+    counts = Counter(cells[d] for d in draws)
+    assert chi_square_p_value(counts, expected, 1500) < 1e-6
