@@ -8,7 +8,7 @@ PROTOS := $(wildcard protos/specdec/v1/*.proto)
 GEN    := specdec/v1/.generated
 PYTEST := $(BIN)/python -m pytest
 
-.PHONY: setup protos test test-fast test-unit test-service lint clean
+.PHONY: setup protos demo test test-fast test-unit test-service lint clean
 
 setup: $(STAMP) $(GEN)
 
@@ -31,6 +31,11 @@ $(GEN): $(PROTOS) $(STAMP)
 	$(BIN)/python -m grpc_tools.protoc -Iprotos --python_out=. --pyi_out=. \
 	  --grpc_python_out=. $(PROTOS)
 	touch specdec/v1/__init__.py $@
+
+# For now: tiny models on loopback, target-only vs speculative side by side (greedy,
+# exactness checked). The coordinator issue turns this into the real-model demo.
+demo: setup
+	$(BIN)/specdec rpc-bench --generations 10 -k 4
 
 # The whole suite (CI runs this).
 test: setup

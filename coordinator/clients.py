@@ -6,7 +6,9 @@ Wire sizes of requests and replies are counted, so the loop can report bytes per
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from collections import deque
+from dataclasses import dataclass, field
 
 import grpc
 
@@ -40,14 +42,26 @@ class Proposal:
         return d.probs[list(d.token_ids).index(self.tokens[i])]
 
 
+@dataclass(frozen=True)
+class Call:
+    request_bytes: int
+    reply_bytes: int
+    seconds: float
+
+
 @dataclass
 class WireBytes:
+    """Serialized bytes sent and received in total, and the most recent calls."""
+
     sent: int = 0
     received: int = 0
+    recent: deque[Call] = field(default_factory=lambda: deque(maxlen=10_000))
 
-    def add(self, request, response) -> None:
-        self.sent += request.ByteSize()
-        self.received += response.ByteSize()
+    def add(self, request, response, started: float) -> None:
+        call = Call(request.ByteSize(), response.ByteSize(), time.perf_counter() - started)
+        self.recent.append(call)
+        self.sent += call.request_bytes
+        self.received += call.reply_bytes
 
 
 def cached_len_of(error: grpc.RpcError) -> int | None:
@@ -74,8 +88,9 @@ class DraftClient:
             new_tokens=sync.new_tokens, num_tokens=num_tokens,
             sampling=wire.sampling_to_proto(sampling), top_n=top_n,
         )
+        started = time.perf_counter()
         resp = self.stub.Propose(req, timeout=self.deadline_s)
-        self.bytes.add(req, resp)
+        self.bytes.add(req, resp, started)
         return Proposal(list(resp.tokens), list(resp.dists), resp.cached_len)
 
     def release(self, session_id: str) -> bool:
@@ -101,8 +116,9 @@ class TargetClient:
             draft_dists=draft_dists, sampling=wire.sampling_to_proto(sampling),
             round_seed=round_seed,
         )
+        started = time.perf_counter()
         resp = self.stub.Verify(req, timeout=self.deadline_s)
-        self.bytes.add(req, resp)
+        self.bytes.add(req, resp, started)
         result = TargetRound(list(resp.target_probs), list(resp.recovered_tokens),
                              resp.bonus_token)
         return result, resp.cached_len

@@ -31,6 +31,7 @@ class LoopStats:
     rounds: int = 0
     drafted_tokens: int = 0
     accepted_tokens: int = 0
+    rejections: int = 0  # rounds that ended in a recovered token
     resyncs: int = 0
     bytes_sent: int = 0
     bytes_received: int = 0
@@ -147,6 +148,7 @@ class _Generation:
         decision = decide(drafts, q, result, u)
         self.stats.drafted_tokens += k
         self.stats.accepted_tokens += decision.num_accepted
+        self.stats.rejections += decision.num_accepted < k
         for i in range(decision.num_accepted):
             self.stats.accepted_per_position[i] += 1
         return decision

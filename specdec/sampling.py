@@ -51,7 +51,9 @@ def process_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor
     if params.greedy:
         one_hot = torch.zeros_like(logits)
         return one_hot.scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
-    logits = logits / params.temperature
+    # Shift by the max first: a tiny temperature then sends the others to -inf instead
+    # of overflowing every logit to +-inf (inf - inf = NaN in the softmax).
+    logits = (logits - logits.amax(-1, keepdim=True)) / params.temperature
     vocab = logits.shape[-1]
     if 0 < params.top_k < vocab:
         kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]

@@ -140,6 +140,22 @@ def test_temperature_is_softmax_of_scaled_logits(temperature):
     assert probs.sum().item() == pytest.approx(1.0, abs=1e-6)
 
 
+@pytest.mark.parametrize("temperature", [1e-3, 1e-6, 1e-20, 1e-30])
+def test_tiny_temperature_is_still_a_distribution(temperature):
+    logits = torch.tensor([1.0, 2.0, -3.0, 1.5])
+    probs = process_logits(logits, SamplingParams(temperature=temperature).validate())
+    assert torch.isfinite(probs).all()
+    assert probs.tolist() == [0.0, 1.0, 0.0, 0.0]
+
+
+@pytest.mark.parametrize("top_k", [0, 2])
+def test_subnormal_temperature_is_the_argmax_not_nan(top_k):
+    """1e-40 fits a float32 on the wire; logits / t must not overflow into NaN."""
+    params = SamplingParams(temperature=1e-40, top_k=top_k).validate()
+    probs = process_logits(torch.tensor([1.0, 2.0, -3.0]), params)
+    assert probs.tolist() == [0.0, 1.0, 0.0]
+
+
 def test_temperature_changes_sharpness():
     logits = torch.tensor([2.0, 1.0, 0.0])
     cold = process_logits(logits, SamplingParams(temperature=0.5))

@@ -347,8 +347,10 @@ def test_negative_control_broken_verifier_is_detected(mode):
     assert gof_p_value(tokens, p) < 1e-6
 
 
-def test_position_dependent_p_first_and_second_token():
-    """p and q differ by position; the token at position j must follow p_j."""
+@pytest.mark.parametrize("k", [1, 3])
+def test_position_dependent_p_first_and_second_token(k):
+    """p and q differ by position; the token at position j must follow p_j. With K = 1
+    the second token is often the bonus, so it checks that the bonus comes from p_{K+1}."""
     g = torch.Generator().manual_seed(77)
     ps = [_dist(torch.randn(VOCAB, generator=g) * 1.5) for _ in range(5)]
     qs = [_sparse(_dist(torch.randn(VOCAB, generator=g) * 1.5), top_n=5) for _ in range(4)]
@@ -356,7 +358,7 @@ def test_position_dependent_p_first_and_second_token():
     first: list[int] = []
     second: list[int] = []
     for s in range(n):
-        t = speculate(lambda i: ps[i], lambda i: qs[i], 3, length=2, seed=10 * s)
+        t = speculate(lambda i: ps[i], lambda i: qs[i], k, length=2, seed=10 * s)
         first.append(t[0])
         second.append(t[1])
     assert gof_p_value(first, ps[0]) > MIN_P_VALUE
