@@ -70,7 +70,9 @@ class DraftEngine:
                         args.fed_digest)
         tokens: list[int] = []
         dists: list[SparseQ] = []
-        with self.model.store.use(args.session_id, args.keep_len, args.keep_digest) as s:
+        needed = args.keep_len + len(args.new_tokens) + args.num_tokens - 1
+        with self.model.store.use(args.session_id, args.keep_len, args.keep_digest,
+                                  needed) as s:
             logits = self.model.sync(s, args, keep_last=1)[0]
             for i in range(args.num_tokens):
                 probs = process_logits(logits, params)

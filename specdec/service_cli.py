@@ -22,6 +22,7 @@ class ModelServiceConfig:
     port: int = 0
     max_sessions: int = 64
     session_ttl: float = 600.0
+    max_cached_tokens: int = 65536
     max_draft_tokens: int = 16
     threads: int = 0
     workers: int = 16
@@ -52,6 +53,10 @@ def add_model_service_flags(p: argparse.ArgumentParser, default_port: int) -> No
                         "(default: %(default)s)")
     p.add_argument("--session-ttl", type=float, default=600.0, metavar="SECONDS",
                    help="idle seconds after which a session is evicted (default: %(default)s)")
+    p.add_argument("--max-cached-tokens", type=int, default=65536,
+                   help="KV-cache budget in positions over all sessions; past it idle sessions "
+                        "are evicted (least recently used first), then RESOURCE_EXHAUSTED. "
+                        "0 = no budget (default: %(default)s)")
     p.add_argument("--max-draft-tokens", type=int, default=16,
                    help="largest K a request may ask for (default: %(default)s)")
     p.add_argument("--threads", type=int, default=0,
@@ -81,7 +86,9 @@ def load_cached_model(cfg: ModelServiceConfig) -> CachedModel:
     t0 = time.perf_counter()
     backend = TorchBackend(load(cfg.model, cfg.device, cfg.dtype), cfg.device)
     log.info("loaded model %s in %.2f s", cfg.model, time.perf_counter() - t0)
-    return CachedModel(backend, cfg.max_sessions, cfg.session_ttl)
+    model = CachedModel(backend, cfg.max_sessions, cfg.session_ttl, cfg.max_cached_tokens)
+    model.store.start_reaper()
+    return model
 
 
 def log_start(kind: str, cfg: ModelServiceConfig, port: int, vocab_size: int) -> None:

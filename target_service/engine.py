@@ -88,7 +88,9 @@ class TargetEngine:
         draft_q = self.validate(args)
         k = args.num_draft
         drafts = args.new_tokens[len(args.new_tokens) - k:] if k else []
-        with self.model.store.use(args.session_id, args.keep_len, args.keep_digest) as s:
+        needed = args.keep_len + len(args.new_tokens)
+        with self.model.store.use(args.session_id, args.keep_len, args.keep_digest,
+                                  needed) as s:
             logits = self.model.sync(s, args, keep_last=k + 1)
             p = process_logits(logits, args.sampling)
             result = target_round(p, drafts, draft_q, generator(args.round_seed, "verify"))

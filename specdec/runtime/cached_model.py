@@ -46,11 +46,13 @@ class ServiceInfo:
 
 
 class CachedModel:
-    def __init__(self, backend, max_sessions: int = 64, session_ttl_s: float = 600.0):
+    def __init__(self, backend, max_sessions: int = 64, session_ttl_s: float = 600.0,
+                 max_cached_tokens: int = 0):
         self.backend = backend
         self.vocab_size = backend.vocab_size
         self.max_context = backend.max_context
-        self.store = SessionStore(backend.new_cache, max_sessions, session_ttl_s)
+        self.store = SessionStore(backend.new_cache, max_sessions, session_ttl_s,
+                                  max_cached_tokens=max_cached_tokens)
         # One forward pass at a time: the model's compute is the bottleneck anyway, and
         # this keeps per-thread library state (e.g. torch's) out of the picture.
         self._compute = threading.Lock()

@@ -6,8 +6,11 @@ promise in O(1) against per-position digests, hands the session out to exactly o
 request at a time (check-out), and takes it back only when the work succeeded: a
 failed forward pass drops the session instead of leaving a half-updated cache.
 
-Bounded: at most `max_sessions` live sessions, idle ones expire after `ttl_s`; nothing
-is evicted while checked out.
+Bounded: at most `max_sessions` live sessions; idle ones expire after `ttl_s` (checked on
+every check-out and by an optional reaper thread); and at most `max_cached_tokens`
+positions cached over all sessions (the KV-memory budget): a request that needs more
+evicts idle sessions, least recently used first, and gets RESOURCE_EXHAUSTED only if
+requests in flight hold the rest. Nothing is evicted while checked out.
 """
 
 from __future__ import annotations
@@ -51,7 +54,9 @@ class StoreStats:
     live: int
     checked_out: int
     evicted_idle: int
+    evicted_for_memory: int
     released: int
+    cached_tokens: int
 
 
 class SessionStore:
@@ -61,25 +66,32 @@ class SessionStore:
         max_sessions: int = 64,
         ttl_s: float = 600.0,
         clock: Callable[[], float] = time.monotonic,
+        max_cached_tokens: int = 0,  # 0 = no budget
     ):
         self._new_cache = new_cache
         self.max_sessions = max_sessions
         self.ttl_s = ttl_s
+        self.max_cached_tokens = max_cached_tokens
         self._clock = clock
         self._lock = threading.Lock()
-        self._idle: dict[str, Session] = {}  # sessions at rest
-        self._busy: set[str] = set()  # checked out
+        self._idle: dict[str, Session] = {}  # sessions at rest, least recently used first
+        self._busy: dict[str, int] = {}  # checked out -> positions reserved for the request
         self._release_on_return: set[str] = set()
         self._evicted_idle = 0
+        self._evicted_for_memory = 0
         self._released = 0
+        self._reaper_stop = threading.Event()
 
     # -- check-out / put-back --------------------------------------------------------
 
-    def checkout(self, session_id: str, keep_len: int, keep_digest: int) -> Session:
+    def checkout(self, session_id: str, keep_len: int, keep_digest: int,
+                 needed_tokens: int = 0) -> Session:
         """Take a session out of the store, validated against (keep_len, keep_digest).
 
-        keep_len == 0 creates the session or restarts it. Raises NotFound,
-        FailedPrecondition, ResourceExhausted or Aborted without changing anything.
+        keep_len == 0 creates the session or restarts it. `needed_tokens` is how many
+        positions the session will cache once the request is done (for the budget).
+        Raises NotFound, FailedPrecondition, ResourceExhausted or Aborted without
+        changing the session (idle sessions may be evicted to make room).
         The caller must crop the cache to keep_len (via `session.truncate` and the
         backend) and then call `put_back` or `drop`.
         """
@@ -121,13 +133,37 @@ class SessionStore:
                         "shorter keep_len or keep_len = 0",
                         cached_len=session.cached_len,
                     )
-                del self._idle[session_id]
-            self._busy.add(session_id)
+            self._make_room(session_id, needed_tokens)
+            self._idle.pop(session_id, None)
+            self._busy[session_id] = needed_tokens
             return session
+
+    def _make_room(self, session_id: str, needed: int) -> None:
+        """Evict idle sessions (LRU) until `needed` more positions fit in the budget."""
+        if self.max_cached_tokens <= 0:
+            return
+        if needed > self.max_cached_tokens:
+            raise ResourceExhausted(
+                f"request needs {needed} cached positions, more than this server's whole "
+                f"budget (max_cached_tokens = {self.max_cached_tokens})"
+            )
+        others = [s for sid, s in self._idle.items() if sid != session_id]
+        used = sum(s.cached_len for s in others) + sum(self._busy.values())
+        for victim in others:
+            if used + needed <= self.max_cached_tokens:
+                break
+            del self._idle[victim.session_id]
+            used -= victim.cached_len
+            self._evicted_for_memory += 1
+        if used + needed > self.max_cached_tokens:
+            raise ResourceExhausted(
+                f"KV-cache budget full: {used} of {self.max_cached_tokens} positions are held "
+                f"by requests in flight, this one needs {needed}; retry later"
+            )
 
     def put_back(self, session: Session) -> None:
         with self._lock:
-            self._busy.discard(session.session_id)
+            self._busy.pop(session.session_id, None)
             if session.session_id in self._release_on_return:
                 self._release_on_return.discard(session.session_id)
                 self._released += 1
@@ -138,13 +174,14 @@ class SessionStore:
     def drop(self, session: Session) -> None:
         """Forget a checked-out session (its work failed; its cache may be half-updated)."""
         with self._lock:
-            self._busy.discard(session.session_id)
+            self._busy.pop(session.session_id, None)
             self._release_on_return.discard(session.session_id)
 
     @contextmanager
-    def use(self, session_id: str, keep_len: int, keep_digest: int) -> Iterator[Session]:
+    def use(self, session_id: str, keep_len: int, keep_digest: int,
+            needed_tokens: int = 0) -> Iterator[Session]:
         """Check out, yield, then put back on success or drop on any exception."""
-        session = self.checkout(session_id, keep_len, keep_digest)
+        session = self.checkout(session_id, keep_len, keep_digest, needed_tokens)
         try:
             yield session
         except BaseException:
@@ -178,11 +215,28 @@ class SessionStore:
             self._evict_expired(self._clock())
             return self._evicted_idle - before
 
+    def start_reaper(self, interval_s: float | None = None) -> threading.Thread:
+        """Evict expired idle sessions in the background, even when no request comes."""
+        interval = interval_s or max(1.0, min(60.0, self.ttl_s / 4))
+
+        def reap():
+            while not self._reaper_stop.wait(interval):
+                self.evict_expired()
+
+        thread = threading.Thread(target=reap, name="session-reaper", daemon=True)
+        thread.start()
+        return thread
+
+    def stop_reaper(self) -> None:
+        self._reaper_stop.set()
+
     def __len__(self) -> int:
         with self._lock:
             return len(self._idle) + len(self._busy)
 
     def stats(self) -> StoreStats:
         with self._lock:
+            cached = sum(s.cached_len for s in self._idle.values()) + sum(self._busy.values())
             return StoreStats(len(self._idle) + len(self._busy), len(self._busy),
-                              self._evicted_idle, self._released)
+                              self._evicted_idle, self._evicted_for_memory, self._released,
+                              cached)

@@ -218,3 +218,25 @@ def test_session_cap(service, small_servers):
     assert not stub.Release(common_pb2.ReleaseRequest(session_id=b)).released
     call(sid())
     stub.Release(common_pb2.ReleaseRequest(session_id=a))
+
+
+def test_kv_budget_evicts_idle_sessions_then_refuses():
+    server, port, engine = create_target(
+        TargetConfig(model="tiny-random", port=0, max_cached_tokens=16))
+    server.start()
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = target_pb2_grpc.TargetServiceStub(channel)
+            a, b = sid(), sid()
+            stub.Verify(verify_req(a, list(range(10))))
+            stub.Verify(verify_req(b, list(range(10))))  # 20 > 16: "a" is evicted
+            assert_status(lambda: stub.Verify(verify_req(a, [1], keep_len=10,
+                                                         prefix=list(range(10)))),
+                          grpc.StatusCode.NOT_FOUND, "evicted")
+            assert_status(lambda: stub.Verify(verify_req(sid(), list(range(17)))),
+                          grpc.StatusCode.RESOURCE_EXHAUSTED, "max_cached_tokens = 16")
+            # "b" survived and continues.
+            stub.Verify(verify_req(b, [5], keep_len=10, prefix=list(range(10))))
+            assert engine.model.store.stats().evicted_for_memory == 1
+    finally:
+        server.stop(0)

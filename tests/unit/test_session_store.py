@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 
 import pytest
 
@@ -419,3 +420,56 @@ def test_stats_counters():
     store.put_back(c)
     st = store.stats()
     assert (st.live, st.checked_out, st.evicted_idle, st.released) == (1, 0, 1, 1)
+
+
+# -- KV-cache budget -------------------------------------------------------------------
+
+
+def _fill(store, sid, n):
+    s = store.checkout(sid, 0, 0, needed_tokens=n)
+    s.append(list(range(n)))
+    store.put_back(s)
+
+
+def test_budget_evicts_least_recently_used_idle_sessions():
+    store = SessionStore(object, max_sessions=10, max_cached_tokens=100)
+    _fill(store, "a", 40)
+    _fill(store, "b", 40)
+    # "a" is used again, so "b" is now the least recently used.
+    s = store.checkout("a", 40, digest.digest(range(40)), needed_tokens=41)
+    s.append([1])
+    store.put_back(s)
+    _fill(store, "c", 50)  # 41 + 40 + 50 > 100: evicts "b" only
+    assert set(store._idle) == {"a", "c"}
+    stats = store.stats()
+    assert stats.evicted_for_memory == 1 and stats.cached_tokens == 91
+
+
+def test_budget_never_evicts_sessions_in_flight():
+    store = SessionStore(object, max_sessions=10, max_cached_tokens=100)
+    busy = store.checkout("busy", 0, 0, needed_tokens=80)
+    with pytest.raises(ResourceExhausted, match="budget full"):
+        store.checkout("new", 0, 0, needed_tokens=30)
+    assert "new" not in store._idle and len(store) == 1
+    store.put_back(busy)
+
+
+def test_budget_refuses_a_request_larger_than_the_whole_budget():
+    store = SessionStore(object, max_sessions=10, max_cached_tokens=100)
+    _fill(store, "a", 10)
+    with pytest.raises(ResourceExhausted, match="whole budget"):
+        store.checkout("a", 10, digest.digest(range(10)), needed_tokens=101)
+    assert store._idle["a"].cached_len == 10  # untouched
+
+
+def test_reaper_evicts_idle_sessions_without_traffic():
+    store = SessionStore(object, max_sessions=10, ttl_s=0.05)
+    _fill(store, "a", 3)
+    store.start_reaper(interval_s=0.02)
+    try:
+        deadline = time.monotonic() + 5
+        while len(store) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(store) == 0 and store.stats().evicted_idle == 1
+    finally:
+        store.stop_reaper()
