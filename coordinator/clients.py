@@ -15,7 +15,7 @@ import grpc
 from specdec import wire
 from specdec.sampling import SamplingParams
 from specdec.v1 import common_pb2, draft_pb2, draft_pb2_grpc, target_pb2, target_pb2_grpc
-from specdec.verify import SparseQ, TargetRound
+from specdec.verify import TargetRound
 
 DEFAULT_DEADLINE_S = 30.0
 
@@ -64,22 +64,26 @@ class WireBytes:
         self.received += call.reply_bytes
 
 
-def cached_len_of(error: grpc.RpcError) -> int | None:
-    """The server's cached_len from a FAILED_PRECONDITION/NOT_FOUND error, if it sent one."""
-    for key, value in error.trailing_metadata() or ():
-        if key == "specdec-cached-len":
-            return int(value)
-    return None
+class _ModelServiceClient:
+    """Info and Release, common to both model services."""
 
+    stub_class: type
 
-class DraftClient:
     def __init__(self, channel: grpc.Channel, deadline_s: float = DEFAULT_DEADLINE_S):
-        self.stub = draft_pb2_grpc.DraftServiceStub(channel)
+        self.stub = self.stub_class(channel)
         self.deadline_s = deadline_s
         self.bytes = WireBytes()
 
     def info(self) -> common_pb2.ModelInfo:
         return self.stub.Info(common_pb2.InfoRequest(), timeout=self.deadline_s)
+
+    def release(self, session_id: str) -> bool:
+        req = common_pb2.ReleaseRequest(session_id=session_id)
+        return self.stub.Release(req, timeout=self.deadline_s).released
+
+
+class DraftClient(_ModelServiceClient):
+    stub_class = draft_pb2_grpc.DraftServiceStub
 
     def propose(self, sync: SyncRequest, num_tokens: int, sampling: SamplingParams,
                 top_n: int = 0) -> Proposal:
@@ -93,19 +97,9 @@ class DraftClient:
         self.bytes.add(req, resp, started)
         return Proposal(list(resp.tokens), list(resp.dists), resp.cached_len)
 
-    def release(self, session_id: str) -> bool:
-        req = common_pb2.ReleaseRequest(session_id=session_id)
-        return self.stub.Release(req, timeout=self.deadline_s).released
 
-
-class TargetClient:
-    def __init__(self, channel: grpc.Channel, deadline_s: float = DEFAULT_DEADLINE_S):
-        self.stub = target_pb2_grpc.TargetServiceStub(channel)
-        self.deadline_s = deadline_s
-        self.bytes = WireBytes()
-
-    def info(self) -> common_pb2.ModelInfo:
-        return self.stub.Info(common_pb2.InfoRequest(), timeout=self.deadline_s)
+class TargetClient(_ModelServiceClient):
+    stub_class = target_pb2_grpc.TargetServiceStub
 
     def verify(self, sync: SyncRequest, drafts: list[int],
                draft_dists: list[common_pb2.SparseDist], sampling: SamplingParams,
@@ -123,9 +117,4 @@ class TargetClient:
                              resp.bonus_token)
         return result, resp.cached_len
 
-    def release(self, session_id: str) -> bool:
-        req = common_pb2.ReleaseRequest(session_id=session_id)
-        return self.stub.Release(req, timeout=self.deadline_s).released
 
-
-__all__ = ["DraftClient", "TargetClient", "SyncRequest", "Proposal", "SparseQ", "cached_len_of"]

@@ -45,10 +45,7 @@ class DraftEngine:
         self.default_top_n = default_top_n
 
     def info(self) -> ServiceInfo:
-        b = self.model.backend
-        return ServiceInfo(b.loaded.model_id, b.vocab_size, b.loaded.tokenizer_digest,
-                           b.max_context, b.name, str(b.device), self.max_draft_tokens,
-                           self.model.store.max_sessions, self.default_top_n)
+        return self.model.info(self.max_draft_tokens, self.default_top_n)
 
     def validate(self, args: ProposeArgs) -> int:
         """INVALID_ARGUMENT for a malformed request; returns the effective top_n."""
@@ -88,5 +85,4 @@ class DraftEngine:
             return ProposeResult(tokens, dists, s.cached_len)
 
     def release(self, session_id: str) -> bool:
-        require(bool(session_id), "session_id must not be empty")
-        return self.model.store.release(session_id)
+        return self.model.release(session_id)

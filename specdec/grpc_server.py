@@ -22,7 +22,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from specdec.errors import grpc_status
+from specdec.errors import DeadlineExceeded, grpc_status
 
 log = logging.getLogger(__name__)
 
@@ -66,9 +66,17 @@ def _already_aborted(context) -> bool:
     return context.code() not in (None, grpc.StatusCode.OK)
 
 
+def _check_deadline(context) -> None:
+    """Skip work whose caller has already given up (e.g. it waited in the queue)."""
+    remaining = context.time_remaining()
+    if remaining is not None and remaining <= 0:
+        raise DeadlineExceeded("deadline expired before the server started the call")
+
+
 def _guard_unary(behavior, method):
     def guarded(request, context):
         try:
+            _check_deadline(context)
             return behavior(request, context)
         except Exception as exc:
             if _already_aborted(context):
@@ -81,6 +89,7 @@ def _guard_unary(behavior, method):
 def _guard_stream(behavior, method):
     def guarded(request, context):
         try:
+            _check_deadline(context)
             yield from behavior(request, context)
         except Exception as exc:
             if _already_aborted(context):

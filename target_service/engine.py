@@ -41,10 +41,7 @@ class TargetEngine:
         self.max_draft_tokens = max_draft_tokens
 
     def info(self) -> ServiceInfo:
-        b = self.model.backend
-        return ServiceInfo(b.loaded.model_id, b.vocab_size, b.loaded.tokenizer_digest,
-                           b.max_context, b.name, str(b.device), self.max_draft_tokens,
-                           self.model.store.max_sessions)
+        return self.model.info(self.max_draft_tokens)
 
     def _check_dist(self, i: int, token: int, ids: list[int], probs: list[float]) -> SparseQ:
         where = f"draft_dists[{i}]"
@@ -107,5 +104,4 @@ class TargetEngine:
         return out
 
     def release(self, session_id: str) -> bool:
-        require(bool(session_id), "session_id must not be empty")
-        return self.model.store.release(session_id)
+        return self.model.release(session_id)

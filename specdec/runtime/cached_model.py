@@ -57,6 +57,16 @@ class CachedModel:
         # this keeps per-thread library state (e.g. torch's) out of the picture.
         self._compute = threading.Lock()
 
+    def info(self, max_draft_tokens: int, default_top_n: int = 0) -> ServiceInfo:
+        b = self.backend
+        return ServiceInfo(b.loaded.model_id, b.vocab_size, b.loaded.tokenizer_digest,
+                           b.max_context, b.name, str(b.device), max_draft_tokens,
+                           self.store.max_sessions, default_top_n)
+
+    def release(self, session_id: str) -> bool:
+        require(bool(session_id), "session_id must not be empty")
+        return self.store.release(session_id)
+
     def check_tokens(self, tokens: list[int], what: str) -> None:
         bad = [t for t in tokens if not 0 <= t < self.vocab_size]
         require(not bad, f"{what} holds token ids outside the vocabulary [0, "
