@@ -86,7 +86,7 @@ class DraftClient(_ModelServiceClient):
     stub_class = draft_pb2_grpc.DraftServiceStub
 
     def propose(self, sync: SyncRequest, num_tokens: int, sampling: SamplingParams,
-                top_n: int = 0) -> Proposal:
+                top_n: int = 0, meter: WireBytes | None = None) -> Proposal:
         req = draft_pb2.ProposeRequest(
             session_id=sync.session_id, keep_len=sync.keep_len, keep_digest=sync.keep_digest,
             new_tokens=sync.new_tokens, num_tokens=num_tokens,
@@ -95,6 +95,8 @@ class DraftClient(_ModelServiceClient):
         started = time.perf_counter()
         resp = self.stub.Propose(req, timeout=self.deadline_s)
         self.bytes.add(req, resp, started)
+        if meter is not None:
+            meter.add(req, resp, started)
         return Proposal(list(resp.tokens), list(resp.dists), resp.cached_len)
 
 
@@ -103,7 +105,7 @@ class TargetClient(_ModelServiceClient):
 
     def verify(self, sync: SyncRequest, drafts: list[int],
                draft_dists: list[common_pb2.SparseDist], sampling: SamplingParams,
-               round_seed: int) -> tuple[TargetRound, int]:
+               round_seed: int, meter: WireBytes | None = None) -> tuple[TargetRound, int]:
         req = target_pb2.VerifyRequest(
             session_id=sync.session_id, keep_len=sync.keep_len, keep_digest=sync.keep_digest,
             new_tokens=sync.new_tokens + drafts, num_draft=len(drafts),
@@ -113,6 +115,8 @@ class TargetClient(_ModelServiceClient):
         started = time.perf_counter()
         resp = self.stub.Verify(req, timeout=self.deadline_s)
         self.bytes.add(req, resp, started)
+        if meter is not None:
+            meter.add(req, resp, started)
         result = TargetRound(list(resp.target_probs), list(resp.recovered_tokens),
                              resp.bonus_token)
         return result, resp.cached_len

@@ -1,27 +1,40 @@
-"""The speculative decoding loop over a draft and a target service.
+"""The speculative decoding loop over draft and target replicas.
 
-One `generate` call is one generation: rounds of Propose -> Verify -> decide, with the
-pure math of specdec.verify, until max_new_tokens or an end-of-sequence token.
-K = 0 is target-only decoding through the same Verify call (num_draft = 0), so both
-paths share everything but the draft. Each service's cache is kept in step with the
-committed ids by the cache-sync rule (coordinator.session); a FAILED_PRECONDITION or
-NOT_FOUND reply makes the loop forget what it believed and re-prefill, once.
+One generation is rounds of Propose -> Verify -> decide, with the pure math of
+specdec.verify, until max_new_tokens or an end-of-sequence token. K = 0 is
+target-only decoding through the same Verify call (num_draft = 0), so both paths share
+everything but the draft.
+
+Caches: each service's session is kept in step with the committed ids by the
+cache-sync rule (coordinator.session); a FAILED_PRECONDITION or NOT_FOUND reply makes
+the loop forget what it believed and re-prefill.
+
+Faults: a failing draft never fails a generation: the loop decodes target-only and
+tries a draft again after a back-off (another replica if the first is down). A failing
+target is replaced by another replica, which re-prefills from the committed ids and
+repeats the round with the same round seed; with none left the generation fails with
+UNAVAILABLE. Greedy output is the same with or without faults.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import grpc
 import torch
 
-from coordinator.clients import DraftClient, SyncRequest, TargetClient
+from coordinator.clients import DraftClient, Proposal, SyncRequest, TargetClient, WireBytes
+from coordinator.routing import Replica, Router
 from coordinator.session import CacheView, Committed
+from specdec.errors import InvalidArgument, ResourceExhausted, Unavailable
 from specdec.sampling import SamplingParams, derive_seed, generator
-from specdec.verify import Decision, TokenKind, decide
+from specdec.verify import Decision, TargetRound, TokenKind, decide
+
+log = logging.getLogger(__name__)
 
 RESYNC_CODES = (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.NOT_FOUND)
 
@@ -32,7 +45,9 @@ class LoopStats:
     drafted_tokens: int = 0
     accepted_tokens: int = 0
     rejections: int = 0  # rounds that ended in a recovered token
-    resyncs: int = 0
+    resyncs: int = 0  # re-prefills after FAILED_PRECONDITION / NOT_FOUND
+    draft_fallbacks: int = 0  # rounds decoded target-only because the draft failed
+    target_repins: int = 0
     bytes_sent: int = 0
     bytes_received: int = 0
     seconds: float = 0.0
@@ -47,22 +62,33 @@ class LoopResult:
     stats: LoopStats
 
 
-class SpeculativeLoop:
-    def __init__(self, draft: DraftClient | None, target: TargetClient, top_n: int = 0):
-        self.draft = draft
-        self.target = target
-        self.top_n = top_n
+@dataclass
+class RoundOutput:
+    tokens: list[int]
+    kinds: list[TokenKind]
+    finish_reason: str | None  # set on the last round
 
-    def generate(
+
+class SpeculativeLoop:
+    def __init__(self, draft: Router | DraftClient | None, target: Router | TargetClient,
+                 top_n: int = 0, draft_backoff_s: float = 1.0):
+        self.draft = _as_router(draft, "draft") if draft is not None else None
+        self.target = _as_router(target, "target")
+        self.top_n = top_n
+        self.draft_backoff_s = draft_backoff_s
+
+    def rounds(
         self,
         prompt_ids: Sequence[int],
         max_new_tokens: int,
         sampling: SamplingParams,
         num_draft_tokens: int,
         eos_token_ids: Sequence[int] = (),
-        on_tokens: Callable[[list[int], list[TokenKind]], None] | None = None,
-    ) -> LoopResult:
-        run = _Generation(self, list(prompt_ids), sampling, num_draft_tokens)
+        stats: LoopStats | None = None,
+    ) -> Iterator[RoundOutput]:
+        """Run a generation round by round. Closing the iterator early (a stop string,
+        a cancelled client) releases both sessions at once."""
+        run = _Generation(self, list(prompt_ids), sampling, num_draft_tokens, stats)
         t0 = time.perf_counter()
         try:
             while True:
@@ -73,40 +99,94 @@ class SpeculativeLoop:
                 if stop is not None:
                     tokens, kinds = tokens[: stop + 1], kinds[: stop + 1]
                 run.commit(tokens, kinds)
-                if on_tokens:
-                    on_tokens(tokens, kinds)
-                if stop is not None:
-                    reason = "eos"
-                    break
-                if len(run.generated) >= max_new_tokens:
-                    reason = "length"
-                    break
+                reason = "eos" if stop is not None else (
+                    "length" if len(run.generated) >= max_new_tokens else None)
+                run.stats.seconds = time.perf_counter() - t0
+                yield RoundOutput(tokens, kinds, reason)
+                if reason:
+                    return
         finally:
             run.release()
-        run.stats.seconds = time.perf_counter() - t0
-        return LoopResult(run.generated, run.kinds, reason, run.stats)
+            run.stats.seconds = time.perf_counter() - t0
+
+    def generate(self, prompt_ids: Sequence[int], max_new_tokens: int,
+                 sampling: SamplingParams, num_draft_tokens: int,
+                 eos_token_ids: Sequence[int] = (),
+                 on_tokens: Callable[[list[int], list[TokenKind]], None] | None = None,
+                 ) -> LoopResult:
+        stats = LoopStats()
+        ids: list[int] = []
+        kinds: list[TokenKind] = []
+        reason = "length"
+        for out in self.rounds(prompt_ids, max_new_tokens, sampling, num_draft_tokens,
+                               eos_token_ids, stats):
+            ids += out.tokens
+            kinds += out.kinds
+            if on_tokens:
+                on_tokens(out.tokens, out.kinds)
+            reason = out.finish_reason or reason
+        return LoopResult(ids, kinds, reason, stats)
+
+
+def _as_router(x, name: str) -> Router:
+    return x if isinstance(x, Router) else Router.from_clients({f"{name}-0": x})
 
 
 class _Generation:
-    """State of one generation: committed ids, cache views, random streams, stats."""
+    """State of one generation: committed ids, pinned replicas, cache views, stats."""
 
     def __init__(self, loop: SpeculativeLoop, prompt: list[int], sampling: SamplingParams,
-                 k: int):
+                 k: int, stats: LoopStats | None):
         self.loop = loop
         self.sampling = sampling
         self.committed = Committed(prompt)
-        self.prompt_len = len(prompt)
         self.generated: list[int] = []
         self.kinds: list[TokenKind] = []
         self.session_id = uuid.uuid4().hex
-        self.draft_view = CacheView()
-        self.target_view = CacheView()
         self.uniforms = generator(sampling.seed, "uniforms")
         self.round_index = 0
-        self.stats = LoopStats(accepted_per_position=[0] * max(k, 0))
-        self._used_draft = False
-        clients = [c for c in (loop.draft, loop.target) if c is not None]
-        self._bytes_at_start = [(c.bytes.sent, c.bytes.received) for c in clients]
+        self.stats = stats if stats is not None else LoopStats()
+        self.stats.accepted_per_position = [0] * max(k, 0)
+        self.meter = WireBytes()  # this generation's bytes on the wire
+        self.touched: list[tuple[Router, Replica]] = []  # sessions to release at the end
+        self.target = self._pin(loop.target, ())
+        if self.target is None:
+            raise Unavailable("no target replica is reachable; retry later")
+        self.target_view = CacheView()
+        self.draft: Replica | None = None
+        self.draft_view = CacheView()
+        self.draft_retry_at = 0.0
+        self.draft_failures = 0
+
+    # -- replicas ----------------------------------------------------------------------
+
+    def _pin(self, router: Router, exclude) -> Replica | None:
+        replica = router.acquire(exclude)
+        if replica is not None:
+            self.touched.append((router, replica))
+        return replica
+
+    def _draft_replica(self) -> Replica | None:
+        """The pinned draft, or a new one once the back-off after a failure is over."""
+        if self.loop.draft is None or time.monotonic() < self.draft_retry_at:
+            return None
+        if self.draft is None:
+            self.draft = self._pin(self.loop.draft, ())
+            self.draft_view = CacheView()
+        return self.draft
+
+    def _draft_failed(self, error: grpc.RpcError) -> None:
+        log.warning("draft %s failed (%s: %s); decoding target-only for now",
+                    self.draft.address, error.code().name, error.details())
+        self.stats.draft_fallbacks += 1
+        self.draft_failures += 1
+        if error.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+            self.loop.draft.mark_failed(self.draft)
+            self.draft = None  # re-pin (maybe elsewhere) after the back-off
+        backoff = self.loop.draft_backoff_s * 2 ** min(self.draft_failures - 1, 5)
+        self.draft_retry_at = time.monotonic() + backoff
+
+    # -- calls -------------------------------------------------------------------------
 
     def _sync(self, view: CacheView) -> SyncRequest:
         keep_len, keep_digest, new_tokens = view.plan(self.committed)
@@ -123,27 +203,56 @@ class _Generation:
             view.forget()
             return rpc(self._sync(view))
 
+    def _verify(self, drafts: list[int], proposal: Proposal | None,
+                round_seed: int) -> TargetRound:
+        """Verify on the pinned target; on failure re-pin and repeat (same round seed)."""
+        dists = proposal.dists if proposal else []
+        tried: list[str] = []
+        while True:
+            client: TargetClient = self.target.client
+            try:
+                result, _ = self._call(self.target_view, lambda s, c=client: c.verify(
+                    s, drafts, dists, self.sampling, round_seed, self.meter))
+                self.loop.target.mark_ok(self.target)
+                return result
+            except grpc.RpcError as e:
+                code = e.code()
+                if code == grpc.StatusCode.INVALID_ARGUMENT:
+                    raise InvalidArgument(f"target refused the request: {e.details()}") from e
+                if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                    raise ResourceExhausted(f"target is full: {e.details()}") from e
+                log.warning("target %s failed (%s: %s); re-pinning", self.target.address,
+                            code.name, e.details())
+                self.loop.target.mark_failed(self.target)
+                tried.append(self.target.address)
+                replica = self._pin(self.loop.target, tried)
+                if replica is None:
+                    raise Unavailable(
+                        f"no target replica left to continue the generation (tried "
+                        f"{', '.join(tried)}; last error {code.name}: {e.details()})"
+                    ) from e
+                self.stats.target_repins += 1
+                self.target = replica
+                self.target_view = CacheView()
+
+    # -- one round ---------------------------------------------------------------------
+
     def round(self, k: int) -> Decision:
         self.round_index += 1
         self.stats.rounds += 1
         committed = self.committed.tokens
         round_seed = derive_seed(self.sampling.seed, "round", self.round_index)
-        if k <= 0 or self.loop.draft is None:
-            result, _ = self._call(self.target_view, lambda s: self.loop.target.verify(
-                s, [], [], self.sampling, round_seed))
+        # Always draw K uniforms, so the random stream does not depend on outcomes.
+        u = torch.rand(max(k, 0), generator=self.uniforms, dtype=torch.float64).tolist()
+        proposal = self._propose(k) if k > 0 else None
+        if proposal is None:
+            result = self._verify([], None, round_seed)
             self.target_view.holds(committed)
             return Decision([result.bonus_token], [TokenKind.TARGET], 0)
 
-        self._used_draft = True
-        proposal = self._call(self.draft_view, lambda s: self.loop.draft.propose(
-            s, k, self.sampling, self.loop.top_n))
         drafts = proposal.tokens
-        self.draft_view.holds(committed + drafts[:-1])
-        result, _ = self._call(self.target_view, lambda s: self.loop.target.verify(
-            s, drafts, proposal.dists, self.sampling, round_seed))
+        result = self._verify(drafts, proposal, round_seed)
         self.target_view.holds(committed + drafts)
-        # Always draw K uniforms, so the random stream does not depend on outcomes.
-        u = torch.rand(k, generator=self.uniforms, dtype=torch.float64).tolist()
         q = [proposal.draft_prob(i) for i in range(k)]
         decision = decide(drafts, q, result, u)
         self.stats.drafted_tokens += k
@@ -153,20 +262,34 @@ class _Generation:
             self.stats.accepted_per_position[i] += 1
         return decision
 
+    def _propose(self, k: int) -> Proposal | None:
+        replica = self._draft_replica()
+        if replica is None:
+            return None
+        client: DraftClient = replica.client
+        try:
+            proposal = self._call(self.draft_view, lambda s: client.propose(
+                s, k, self.sampling, self.loop.top_n, self.meter))
+        except grpc.RpcError as e:
+            self._draft_failed(e)
+            return None
+        self.draft_failures = 0
+        self.draft_view.holds(self.committed.tokens + proposal.tokens[:-1])
+        return proposal
+
     def commit(self, tokens: list[int], kinds: list[TokenKind]) -> None:
         self.committed.extend(tokens)
         self.generated.extend(tokens)
         self.kinds.extend(kinds)
 
     def release(self) -> None:
-        """Free both sessions; failures here never hide the generation's own outcome."""
-        clients = [self.loop.target] + ([self.loop.draft] if self._used_draft else [])
-        for client in clients:
+        """Free every session this generation opened; never hides its own outcome."""
+        for router, replica in self.touched:
             try:
-                client.release(self.session_id)
+                replica.client.release(self.session_id)
             except grpc.RpcError:
                 pass
-        everyone = [c for c in (self.loop.draft, self.loop.target) if c is not None]
-        for client, (sent, received) in zip(everyone, self._bytes_at_start, strict=True):
-            self.stats.bytes_sent += client.bytes.sent - sent
-            self.stats.bytes_received += client.bytes.received - received
+            router.release(replica)
+        self.touched.clear()
+        self.stats.bytes_sent = self.meter.sent
+        self.stats.bytes_received = self.meter.received

@@ -1,0 +1,110 @@
+"""Pick draft and target replicas for a generation.
+
+KV caches live in the replica that built them, so a generation is pinned to one draft
+and one target replica. Replicas are chosen least-loaded (fewest generations pinned
+from this coordinator replica), skipping those that failed recently; on failure the
+generation is re-pinned to another one. Where addresses come from is pluggable: a
+static list here, a headless Service's DNS records on Kubernetes.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import grpc
+
+CHANNEL_OPTIONS = [
+    ("grpc.max_receive_message_length", 8 * 1024 * 1024),
+    ("grpc.max_send_message_length", 8 * 1024 * 1024),
+    ("grpc.keepalive_time_ms", 30_000),
+]
+
+
+class AddressSource(Protocol):
+    def addresses(self) -> list[str]: ...
+
+
+@dataclass
+class StaticAddresses:
+    items: Sequence[str]
+
+    def addresses(self) -> list[str]:
+        return list(self.items)
+
+
+def parse_addresses(text: str) -> list[str]:
+    """'h1:p1,h2:p2' -> ['h1:p1', 'h2:p2'] (blank entries dropped)."""
+    return [a.strip() for a in text.split(",") if a.strip()]
+
+
+@dataclass
+class Replica:
+    address: str
+    client: Any
+    pinned: int = 0  # generations currently pinned here
+    down_until: float = 0.0  # skipped until then after a failure
+    failures: int = 0
+
+
+@dataclass
+class Router:
+    """Least-loaded choice over the replicas of one service."""
+
+    source: AddressSource
+    make_client: Callable[[grpc.Channel], Any]
+    backoff_s: float = 2.0
+    clock: Callable[[], float] = time.monotonic
+    _replicas: dict[str, Replica] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @classmethod
+    def from_clients(cls, clients: dict[str, Any]) -> Router:
+        """A router over clients that already exist (tests, benchmarks)."""
+        router = cls(StaticAddresses(list(clients)), make_client=lambda channel: None)
+        router._replicas = {a: Replica(a, c) for a, c in clients.items()}
+        return router
+
+    def _refresh(self) -> None:
+        for address in self.source.addresses():
+            if address not in self._replicas:
+                channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+                self._replicas[address] = Replica(address, self.make_client(channel))
+
+    def acquire(self, exclude: Sequence[str] = ()) -> Replica | None:
+        """Pin a generation to the least-loaded healthy replica (None if there is none)."""
+        with self._lock:
+            self._refresh()
+            live = set(self.source.addresses())
+            now = self.clock()
+            candidates = [r for a, r in self._replicas.items()
+                          if a in live and a not in exclude and r.down_until <= now]
+            if not candidates:
+                return None
+            best = min(candidates, key=lambda r: (r.pinned, r.failures, r.address))
+            best.pinned += 1
+            return best
+
+    def release(self, replica: Replica) -> None:
+        with self._lock:
+            replica.pinned = max(0, replica.pinned - 1)
+
+    def mark_failed(self, replica: Replica) -> None:
+        """Skip this replica for a while (doubling with repeated failures, up to 60 s)."""
+        with self._lock:
+            replica.failures += 1
+            delay = min(60.0, self.backoff_s * 2 ** min(replica.failures - 1, 5))
+            replica.down_until = self.clock() + delay
+
+    def mark_ok(self, replica: Replica) -> None:
+        with self._lock:
+            replica.failures = 0
+            replica.down_until = 0.0
+
+    def replicas(self) -> list[Replica]:
+        with self._lock:
+            self._refresh()
+            return list(self._replicas.values())
