@@ -4,6 +4,8 @@
   in milliseconds); for tests.
 * ``tiny-random-draft``: the same architecture and weights, perturbed from another fixed
   seed, so that its greedy choices agree with ``tiny-random`` only part of the time.
+* ``smollm2-135m``: the real SmolLM2-135M-Instruct, from the folder `specdec prepare`
+  converts once out of the bundled GGUF (see specdec/prepare.py).
 * anything else: a Hugging Face model folder on disk (safetensors + tokenizer).
 """
 
@@ -23,6 +25,8 @@ log = logging.getLogger(__name__)
 TINY_TARGET = "tiny-random"
 TINY_DRAFT = "tiny-random-draft"
 TINY_NAMES = (TINY_TARGET, TINY_DRAFT)
+# Real models by name: each lives in a folder that `specdec prepare` writes.
+PREPARED_NAMES = ("smollm2-135m",)
 TINY_VOCAB = 768
 TINY_SEED = 1234
 TINY_DRAFT_SEED = 4321
@@ -77,8 +81,9 @@ def build_tiny(name: str) -> LoadedModel:
                 noise = torch.randn(param.shape, generator=g) * param.std().clamp(min=1e-3)
                 param.add_(noise * TINY_DRAFT_NOISE)
     model.eval()
-    digest = hashlib.sha256(f"tiny-random-vocab-{TINY_VOCAB}".encode()).hexdigest()[:16]
-    return LoadedModel(model, name, TINY_VOCAB, digest, config.max_position_embeddings)
+    tokenizer = load_tokenizer(name)
+    return LoadedModel(model, name, TINY_VOCAB, tokenizer_digest(tokenizer),
+                       config.max_position_embeddings, tokenizer)
 
 
 def tokenizer_digest(tokenizer) -> str:
@@ -109,10 +114,38 @@ def load_folder(path: str, device: str = "cpu", dtype: str = "float32") -> Loade
                        tokenizer_digest(tokenizer), max_context, tokenizer)
 
 
+def resolve(name: str) -> str:
+    """The folder behind a model name: a prepared model's folder (FileNotFoundError until
+    `specdec prepare` made it), else `name` itself, taken as a path."""
+    if name not in PREPARED_NAMES:
+        return name
+    from specdec import prepare  # lazy: keeps this module cheap to import
+
+    folder = prepare.model_dir(name)
+    if prepare.read_marker(folder) is None:
+        raise FileNotFoundError(
+            f"model {name!r} is not prepared (no complete folder at {folder}); "
+            "run `specdec prepare` first"
+        )
+    return str(folder)
+
+
 def load(name: str, device: str = "cpu", dtype: str = "float32") -> LoadedModel:
-    """A built-in tiny model by name, or a Hugging Face folder by path."""
+    """A built-in tiny model by name, a prepared model by name, or an HF folder by path."""
     if name in TINY_NAMES:
         loaded = build_tiny(name)
         loaded.model.to(device)
         return loaded
-    return load_folder(name, device, dtype)
+    return load_folder(resolve(name), device, dtype)
+
+
+def load_tokenizer(name: str):
+    """The tokenizer of a model by name or folder, without loading its weights."""
+    from specdec.runtime import tiny_tokenizer
+
+    if name in TINY_NAMES:
+        return tiny_tokenizer.build(TINY_VOCAB)
+    from transformers import AutoTokenizer
+
+    path = resolve(name) if "resolve" in globals() else name
+    return AutoTokenizer.from_pretrained(path, local_files_only=True)

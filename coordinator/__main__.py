@@ -1,0 +1,116 @@
+"""python -m coordinator --draft ADDR[,ADDR] --target ADDR[,ADDR] [--port 50050] (see --help).
+
+Starts an embedded Ray (or joins --ray-address), starts Serve's gRPC proxy on --port
+with specdec.v1.Generator and grpc.health.v1, deploys the coordinator and serves until
+SIGTERM/SIGINT, then shuts Serve and Ray down.
+
+Ray 2.60 turns on token authentication for a new local cluster and writes the token to
+~/.ray/auth_token. The embedded cluster here keeps token auth on but takes a random
+per-run token from RAY_AUTH_TOKEN instead, so nothing is written outside Ray's session
+folder (under the system temp dir). Set RAY_AUTH_MODE / RAY_AUTH_TOKEN yourself to
+override; with --ray-address, the cluster's own settings apply.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import signal
+import sys
+import tempfile
+import threading
+import time
+
+from coordinator.config import CoordinatorConfig, from_args
+
+log = logging.getLogger("coordinator")
+
+
+def ray_environment(cfg: CoordinatorConfig) -> None:
+    """Token auth with a per-run token in the environment (must precede `import ray`)."""
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    if not cfg.ray_address:
+        os.environ.setdefault("RAY_AUTH_MODE", "token")
+        os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(32))
+
+
+def start_ray(cfg: CoordinatorConfig) -> None:
+    import ray
+
+    if cfg.ray_address:
+        ray.init(address=cfg.ray_address, log_to_driver=False)
+        return
+    ray.init(
+        num_cpus=os.cpu_count() or 1, include_dashboard=False, log_to_driver=False,
+        _temp_dir=os.path.join(tempfile.gettempdir(), f"specdec-ray-{os.getuid()}"),
+        configure_logging=False,
+    )
+
+
+def deploy(cfg: CoordinatorConfig) -> None:
+    """Start Serve's gRPC proxy and the app; bounded by --startup-timeout."""
+    from ray import serve
+    from ray.serve.config import HTTPOptions, gRPCOptions
+
+    from coordinator.app import APP_NAME, SERVICER_FUNCTIONS, application
+    from coordinator.setup import build_service
+
+    # Check the services (reachable, same tokenizer) here first: a clear error now beats
+    # a replica that fails in a loop inside Serve.
+    build_service(cfg)
+    serve.start(
+        http_options=HTTPOptions(host="127.0.0.1", port=0),
+        grpc_options=gRPCOptions(port=cfg.port, grpc_servicer_functions=SERVICER_FUNCTIONS),
+    )
+    failure: list[BaseException] = []
+
+    def run():
+        try:
+            serve.run(application(cfg.to_dict()), name=APP_NAME, route_prefix=f"/{APP_NAME}")
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            failure.append(exc)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(cfg.startup_timeout)
+    if t.is_alive():
+        raise TimeoutError(f"Serve did not deploy the coordinator within "
+                           f"{cfg.startup_timeout:.0f} s (not enough CPUs for the replicas?)")
+    if failure:
+        raise failure[0]
+
+
+def main(argv: list[str] | None = None) -> int:
+    cfg = from_args(argv)
+    logging.basicConfig(level=cfg.log_level,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    t0 = time.perf_counter()
+    ray_environment(cfg)
+    import ray
+    from ray import serve
+
+    try:
+        start_ray(cfg)
+        deploy(cfg)
+    except (OSError, ValueError, TimeoutError, ConnectionError) as exc:
+        log.error("cannot start the coordinator: %s", exc)
+        if ray.is_initialized():
+            serve.shutdown()
+            ray.shutdown()
+        return 2
+    # After ray.init, which installs its own SIGTERM handler.
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, _frame: stop.set())
+    log.info("coordinator service ready in %.1f s: draft=%s target=%s address=%s:%d",
+             time.perf_counter() - t0, cfg.draft or "(none)", cfg.target, cfg.host, cfg.port)
+    stop.wait()
+    log.info("shutting down Serve and Ray")
+    serve.shutdown()
+    ray.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,117 @@
+"""The Ray Serve application: specdec.v1.Generator and grpc.health.v1 on Serve's gRPC proxy.
+
+Why Serve's own gRPC ingress (and not a grpc.aio server forwarding to a handle): it is
+what KubeRay's RayService exposes and scales, it brings reflection, and replicas are
+added or removed by Serve's autoscaler on ongoing requests with no code of ours.
+
+The deployment is a thin shell: each method runs GenerationService's blocking
+generator one round at a time in a worker thread, maps domain errors to status codes
+through `grpc_context`, and on client cancellation closes the generator (which
+releases the draft and target sessions) once the round in flight has finished.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import grpc
+from grpc_health.v1 import health_pb2
+from ray import serve
+
+from specdec.errors import grpc_status
+from specdec.v1 import generate_pb2
+
+log = logging.getLogger("coordinator")
+
+SERVICER_FUNCTIONS = [
+    "specdec.v1.generate_pb2_grpc.add_GeneratorServicer_to_server",
+    "grpc_health.v1.health_pb2_grpc.add_HealthServicer_to_server",
+]
+APP_NAME = "specdec"
+
+
+def _set_error(grpc_context, exc: BaseException) -> None:
+    code, message, _ = grpc_status(exc)
+    if code == grpc.StatusCode.INTERNAL:
+        log.exception("generation failed", exc_info=exc)
+    grpc_context.set_code(code)
+    grpc_context.set_details(message)
+
+
+async def _next_in_thread(iterator, pending: list):
+    """next(iterator) in a thread; the future is kept so a cancel can wait for it."""
+    future = asyncio.get_running_loop().run_in_executor(None, next, iterator, None)
+    pending[:] = [future]
+    return await future
+
+
+async def _close_after(iterator, pending: list) -> None:
+    """Close a generator, first letting a step still running in a thread finish."""
+    if pending:
+        try:
+            await asyncio.shield(pending[0])
+        except BaseException:  # noqa: BLE001 - the step's own failure is reported elsewhere
+            pass
+    await asyncio.get_running_loop().run_in_executor(None, iterator.close)
+
+
+@serve.deployment(name="Coordinator", ray_actor_options={"num_cpus": 0})
+class Coordinator:
+    def __init__(self, config: dict):
+        from coordinator.config import CoordinatorConfig
+        from coordinator.setup import build_service
+
+        logging.basicConfig(level=config.get("log_level", "INFO"))
+        self.service = build_service(CoordinatorConfig(**config))
+
+    async def Generate(self, request, grpc_context=None):  # noqa: N802 - RPC name
+        chunks = self.service.stream(request)
+        pending: list = []
+        response = generate_pb2.GenerateResponse()
+        try:
+            while (chunk := await _next_in_thread(chunks, pending)) is not None:
+                response.text += chunk.text
+                response.token_ids.extend(chunk.token_ids)
+                response.kinds.extend(chunk.kinds)
+                if chunk.finish_reason:
+                    response.finish_reason = chunk.finish_reason
+                    response.stats.CopyFrom(chunk.stats)
+            return response
+        except Exception as exc:  # noqa: BLE001 - every failure gets a status code
+            _set_error(grpc_context, exc)
+            return generate_pb2.GenerateResponse()
+        finally:
+            await _close_after(chunks, pending)
+
+    async def GenerateStream(self, request, grpc_context=None):  # noqa: N802
+        chunks = self.service.stream(request)
+        pending: list = []
+        try:
+            while (chunk := await _next_in_thread(chunks, pending)) is not None:
+                yield chunk
+        except Exception as exc:  # noqa: BLE001 - every failure gets a status code
+            _set_error(grpc_context, exc)
+        finally:
+            await _close_after(chunks, pending)
+
+    async def Check(self, request, grpc_context=None):  # noqa: N802
+        return health_pb2.HealthCheckResponse(status=health_pb2.HealthCheckResponse.SERVING)
+
+    async def Watch(self, request, grpc_context=None):  # noqa: N802
+        yield health_pb2.HealthCheckResponse(status=health_pb2.HealthCheckResponse.SERVING)
+        while True:  # the status does not change while the replica lives
+            await asyncio.sleep(3600)
+
+
+def application(config: dict):
+    """The bound Serve application, with the autoscaling config from `config`."""
+    autoscaling = {
+        "min_replicas": config["min_replicas"],
+        "max_replicas": config["max_replicas"],
+        "target_ongoing_requests": config["target_ongoing_requests"],
+    }
+    return Coordinator.options(
+        autoscaling_config=autoscaling,
+        max_ongoing_requests=max(1, config["max_concurrency"]),
+    ).bind(config)

@@ -1,0 +1,89 @@
+"""Coordinator configuration and its command-line flags."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import asdict, dataclass, fields
+
+DEFAULT_PORT = 50050
+
+
+@dataclass
+class CoordinatorConfig:
+    draft: str = ""  # comma-separated host:port list; "" = no draft (target-only)
+    target: str = "127.0.0.1:50052"
+    host: str = "127.0.0.1"
+    port: int = DEFAULT_PORT
+    model: str = ""  # tokenizer source; "" = the target's model_id
+    k: int = 4
+    top_n: int = 0
+    max_new_tokens_cap: int = 4096
+    max_concurrency: int = 32
+    rpc_deadline: float = 30.0
+    draft_backoff: float = 1.0
+    startup_timeout: float = 120.0
+    ray_address: str = ""
+    min_replicas: int = 1
+    max_replicas: int = 1
+    target_ongoing_requests: float = 8.0
+    log_level: str = "INFO"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m coordinator",
+        description="specdec coordinator: a Ray Serve application serving specdec.v1.Generator "
+                    "over gRPC; runs the speculative loop against draft and target services.",
+    )
+    p.add_argument("--draft", default="", metavar="ADDR[,ADDR...]",
+                   help="draft service replicas (host:port, comma-separated); empty = "
+                        "target-only decoding")
+    p.add_argument("--target", default="127.0.0.1:50052", metavar="ADDR[,ADDR...]",
+                   help="target service replicas (default: %(default)s)")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="where clients reach the gRPC port (for logs; Ray Serve's proxy "
+                        "listens on all interfaces) (default: %(default)s)")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT,
+                   help="gRPC port for clients (default: %(default)s)")
+    p.add_argument("--model", default="",
+                   help="model whose tokenizer to use (name or folder); default: the "
+                        "target's model_id. Its digest must match the services'")
+    p.add_argument("--k", type=int, default=4,
+                   help="draft tokens per round when a request does not say (default: "
+                        "%(default)s)")
+    p.add_argument("--top-n", type=int, default=0,
+                   help="size of the sparse draft distribution per token; 0 = the draft's "
+                        "default (default: %(default)s)")
+    p.add_argument("--max-new-tokens-cap", type=int, default=4096,
+                   help="largest max_new_tokens a request may ask for (default: %(default)s)")
+    p.add_argument("--max-concurrency", type=int, default=32,
+                   help="generations at once per coordinator replica; more get "
+                        "RESOURCE_EXHAUSTED (default: %(default)s)")
+    p.add_argument("--rpc-deadline", type=float, default=30.0, metavar="SECONDS",
+                   help="deadline of every Propose/Verify call (default: %(default)s)")
+    p.add_argument("--draft-backoff", type=float, default=1.0, metavar="SECONDS",
+                   help="after a draft failure, decode target-only this long (doubling on "
+                        "repeated failures) before trying a draft again (default: %(default)s)")
+    p.add_argument("--startup-timeout", type=float, default=120.0, metavar="SECONDS",
+                   help="how long to wait for the services and for Serve to deploy "
+                        "(default: %(default)s)")
+    p.add_argument("--ray-address", default="",
+                   help="join this Ray cluster instead of starting an embedded one")
+    p.add_argument("--min-replicas", type=int, default=1,
+                   help="Serve autoscaling: fewest coordinator replicas (default: %(default)s)")
+    p.add_argument("--max-replicas", type=int, default=1,
+                   help="Serve autoscaling: most coordinator replicas (default: %(default)s)")
+    p.add_argument("--target-ongoing-requests", type=float, default=8.0,
+                   help="Serve autoscaling: ongoing requests per replica to aim for "
+                        "(default: %(default)s)")
+    p.add_argument("--log-level", default="INFO",
+                   choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="(default: %(default)s)")
+    return p
+
+
+def from_args(argv: list[str] | None = None) -> CoordinatorConfig:
+    ns = parser().parse_args(argv)
+    return CoordinatorConfig(**{f.name: getattr(ns, f.name) for f in fields(CoordinatorConfig)})

@@ -1,0 +1,171 @@
+"""The client API without Ray or gRPC servers: GenerateRequest in, responses out.
+
+Validates the request, tokenizes the prompt (raw text, chat messages through the
+model's template, or ids), runs the speculative loop, turns ids into streamed text
+(incremental detokenization, stop strings) and fills kinds, finish_reason and stats.
+The Ray Serve deployment (coordinator.app) is a thin shell around this class.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from coordinator.loop import LoopStats, SpeculativeLoop
+from coordinator.text import IncrementalDetokenizer, TextStream
+from specdec import wire
+from specdec.errors import InvalidArgument, ResourceExhausted, require
+from specdec.sampling import SamplingParams
+from specdec.v1 import generate_pb2
+
+CHAT_ROLES = ("system", "user", "assistant")
+MAX_STOP_STRINGS = 16
+MAX_STOP_CHARS = 256
+
+
+@dataclass(frozen=True)
+class Limits:
+    vocab_size: int
+    max_context: int
+    max_draft_tokens: int  # the draft's (0 when there is no draft)
+    default_k: int = 4
+    max_new_tokens_cap: int = 4096
+    max_concurrency: int = 32
+
+
+@dataclass
+class Plan:
+    prompt_ids: list[int]
+    max_new_tokens: int
+    sampling: SamplingParams
+    k: int
+    stop: list[str]
+
+
+class GenerationService:
+    def __init__(self, loop: SpeculativeLoop, tokenizer, limits: Limits,
+                 eos_token_ids: list[int]):
+        self.loop = loop
+        self.tokenizer = tokenizer
+        self.limits = limits
+        self.eos_token_ids = eos_token_ids
+        self._slots = threading.BoundedSemaphore(limits.max_concurrency)
+
+    # -- validation --------------------------------------------------------------------
+
+    def plan(self, req: generate_pb2.GenerateRequest) -> Plan:
+        """INVALID_ARGUMENT (with the field named) for anything a client can get wrong."""
+        lim = self.limits
+        given = [bool(req.prompt), len(req.messages) > 0, len(req.prompt_token_ids) > 0]
+        require(sum(given) == 1, "give exactly one of prompt, messages or prompt_token_ids "
+                                 f"(got {sum(given)})")
+        require(1 <= req.max_new_tokens <= lim.max_new_tokens_cap,
+                f"max_new_tokens must be in [1, {lim.max_new_tokens_cap}], "
+                f"got {req.max_new_tokens}")
+        sampling = wire.sampling_from_proto(req.sampling).validate()
+        k = req.num_draft_tokens if req.HasField("num_draft_tokens") else lim.default_k
+        if not req.HasField("num_draft_tokens"):
+            k = min(k, lim.max_draft_tokens)
+        require(0 <= k <= lim.max_draft_tokens,
+                f"num_draft_tokens must be in [0, {lim.max_draft_tokens}] (the draft's "
+                f"max_draft_tokens; 0 = target only), got {k}")
+        require(len(req.stop) <= MAX_STOP_STRINGS, f"at most {MAX_STOP_STRINGS} stop strings")
+        require(all(len(s) <= MAX_STOP_CHARS for s in req.stop),
+                f"stop strings must be at most {MAX_STOP_CHARS} characters")
+        ids = self._prompt_ids(req)
+        require(len(ids) >= 1, "the prompt encodes to no tokens")
+        room = lim.max_context - len(ids)
+        if room < 1:
+            raise InvalidArgument(
+                f"prompt is {len(ids)} tokens; the model's context is {lim.max_context} "
+                "and leaves no room to generate: shorten the prompt")
+        return Plan(ids, min(req.max_new_tokens, room), sampling, k, list(req.stop))
+
+    def _prompt_ids(self, req) -> list[int]:
+        if req.prompt_token_ids:
+            ids = list(req.prompt_token_ids)
+            bad = [t for t in ids if not 0 <= t < self.limits.vocab_size]
+            require(not bad, f"prompt_token_ids outside the vocabulary [0, "
+                             f"{self.limits.vocab_size}): {bad[:5]}")
+            return ids
+        require(self.tokenizer is not None,
+                "this coordinator has no tokenizer; send prompt_token_ids")
+        if req.messages:
+            for i, m in enumerate(req.messages):
+                require(m.role in CHAT_ROLES, f"messages[{i}].role must be one of "
+                                              f"{', '.join(CHAT_ROLES)}, got {m.role!r}")
+            chat = [{"role": m.role, "content": m.content} for m in req.messages]
+            text = self.tokenizer.apply_chat_template(chat, tokenize=False,
+                                                      add_generation_prompt=True)
+        else:
+            text = req.prompt
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    # -- generation --------------------------------------------------------------------
+
+    def stream(self, req: generate_pb2.GenerateRequest) -> Iterator[generate_pb2.GenerateChunk]:
+        """One chunk per round; the last carries finish_reason and stats. Closing the
+        iterator (client gone) ends the generation and frees its sessions."""
+        plan = self.plan(req)
+        if not self._slots.acquire(blocking=False):
+            raise ResourceExhausted(
+                f"coordinator is at its concurrency limit ({self.limits.max_concurrency} "
+                "generations); retry later")
+        try:
+            yield from self._stream(plan)
+        finally:
+            self._slots.release()
+
+    def _stream(self, plan: Plan) -> Iterator[generate_pb2.GenerateChunk]:
+        stats = LoopStats()
+        detok = (IncrementalDetokenizer(self.tokenizer, plan.prompt_ids)
+                 if self.tokenizer is not None else None)
+        text = TextStream(plan.stop)
+        rounds = self.loop.rounds(plan.prompt_ids, plan.max_new_tokens, plan.sampling, plan.k,
+                                  self.eos_token_ids, stats)
+        generated = 0
+        reason = "length"
+        try:
+            for out in rounds:
+                generated += len(out.tokens)
+                delta = text.push(detok.add(out.tokens)) if detok else ""
+                if out.finish_reason:
+                    reason = out.finish_reason
+                if text.stopped:
+                    reason = "stop"
+                done = bool(out.finish_reason) or text.stopped
+                if done and detok and not text.stopped:
+                    delta += text.push(detok.flush())
+                    delta += text.finish()
+                    reason = "stop" if text.stopped else reason
+                chunk = generate_pb2.GenerateChunk(text=delta, token_ids=out.tokens,
+                                                   kinds=[int(k) for k in out.kinds])
+                if done:
+                    chunk.finish_reason = reason
+                    chunk.stats.CopyFrom(self._stats(plan, generated, stats))
+                    yield chunk
+                    return
+                yield chunk
+        finally:
+            rounds.close()
+
+    def generate(self, req: generate_pb2.GenerateRequest) -> generate_pb2.GenerateResponse:
+        resp = generate_pb2.GenerateResponse()
+        for chunk in self.stream(req):
+            resp.text += chunk.text
+            resp.token_ids.extend(chunk.token_ids)
+            resp.kinds.extend(chunk.kinds)
+            if chunk.finish_reason:
+                resp.finish_reason = chunk.finish_reason
+                resp.stats.CopyFrom(chunk.stats)
+        return resp
+
+    @staticmethod
+    def _stats(plan: Plan, generated: int, s: LoopStats) -> generate_pb2.GenerationStats:
+        return generate_pb2.GenerationStats(
+            prompt_tokens=len(plan.prompt_ids), generated_tokens=generated, rounds=s.rounds,
+            drafted_tokens=s.drafted_tokens, accepted_tokens=s.accepted_tokens,
+            seconds=s.seconds if math.isfinite(s.seconds) else 0.0,
+        )

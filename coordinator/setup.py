@@ -1,0 +1,93 @@
+"""Build a GenerationService from a CoordinatorConfig: routers, checks, tokenizer."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import grpc
+
+from coordinator.clients import DraftClient, TargetClient
+from coordinator.config import CoordinatorConfig
+from coordinator.generation import GenerationService, Limits
+from coordinator.loop import SpeculativeLoop
+from coordinator.routing import Router, StaticAddresses, parse_addresses
+
+log = logging.getLogger(__name__)
+
+
+def wait_for_infos(router: Router, kind: str, timeout_s: float) -> dict:
+    """Info from every replica, retrying while they start; {address: ModelInfo}."""
+    deadline = time.monotonic() + timeout_s
+    infos = {}
+    for replica in router.replicas():
+        while True:
+            try:
+                infos[replica.address] = replica.client.info()
+                break
+            except grpc.RpcError as e:
+                if time.monotonic() > deadline:
+                    raise ConnectionError(
+                        f"{kind} service at {replica.address} did not answer Info within "
+                        f"{timeout_s:.0f} s ({e.code().name}); is it running?") from e
+                time.sleep(0.5)
+    return infos
+
+
+def check_compatible(drafts: dict, targets: dict) -> None:
+    """Refuse replicas whose token ids would not mean the same thing."""
+    everyone = [("target", a, i) for a, i in targets.items()] + \
+               [("draft", a, i) for a, i in drafts.items()]
+    kind0, addr0, ref = everyone[0]
+    for kind, addr, info in everyone[1:]:
+        if (info.vocab_size, info.tokenizer_digest) != (ref.vocab_size, ref.tokenizer_digest):
+            raise ValueError(
+                f"{kind} at {addr} ({info.model_id}: vocab {info.vocab_size}, tokenizer "
+                f"{info.tokenizer_digest}) does not match {kind0} at {addr0} "
+                f"({ref.model_id}: vocab {ref.vocab_size}, tokenizer {ref.tokenizer_digest}); "
+                "draft and target must share a tokenizer")
+
+
+def load_tokenizer(name: str, expected_digest: str):
+    from specdec.runtime.models import load_tokenizer as load
+    from specdec.runtime.models import tokenizer_digest
+
+    tokenizer = load(name)
+    if tokenizer is not None and tokenizer_digest(tokenizer) != expected_digest:
+        raise ValueError(
+            f"tokenizer of {name!r} (digest {tokenizer_digest(tokenizer)}) differs from the "
+            f"services' ({expected_digest}); pass --model with the model they serve")
+    return tokenizer
+
+
+def build_service(cfg: CoordinatorConfig) -> GenerationService:
+    def target_client(channel):
+        return TargetClient(channel, cfg.rpc_deadline)
+
+    def draft_client(channel):
+        return DraftClient(channel, cfg.rpc_deadline)
+
+    target = Router(StaticAddresses(parse_addresses(cfg.target)), target_client)
+    draft_addresses = parse_addresses(cfg.draft)
+    draft = Router(StaticAddresses(draft_addresses), draft_client) if draft_addresses else None
+    if not target.replicas():
+        raise ValueError("no target address given (--target host:port[,host:port...])")
+    t_infos = wait_for_infos(target, "target", cfg.startup_timeout)
+    d_infos = wait_for_infos(draft, "draft", cfg.startup_timeout) if draft else {}
+    check_compatible(d_infos, t_infos)
+    ref = next(iter(t_infos.values()))
+    tokenizer = load_tokenizer(cfg.model or ref.model_id, ref.tokenizer_digest)
+    limits = Limits(
+        vocab_size=ref.vocab_size,
+        max_context=min(i.max_context for i in t_infos.values()),
+        max_draft_tokens=min((i.max_draft_tokens for i in d_infos.values()), default=0),
+        default_k=cfg.k if draft else 0,
+        max_new_tokens_cap=cfg.max_new_tokens_cap,
+        max_concurrency=cfg.max_concurrency,
+    )
+    eos = [tokenizer.eos_token_id] if tokenizer is not None and \
+        tokenizer.eos_token_id is not None else []
+    loop = SpeculativeLoop(draft, target, top_n=cfg.top_n, draft_backoff_s=cfg.draft_backoff)
+    log.info("coordinator loop ready: %d target, %d draft replica(s), model %s, K=%d",
+             len(t_infos), len(d_infos), ref.model_id, limits.default_k)
+    return GenerationService(loop, tokenizer, limits, eos)
