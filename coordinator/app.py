@@ -91,7 +91,10 @@ class Coordinator:
             while (chunk := await _next_in_thread(chunks, pending)) is not None:
                 yield chunk
         except Exception as exc:  # noqa: BLE001 - every failure gets a status code
+            # A stream applies grpc_context only with a message or an exception: raise,
+            # and Serve keeps the code set here (instead of INTERNAL).
             _set_error(grpc_context, exc)
+            raise
         finally:
             await _close_after(chunks, pending)
 

@@ -50,12 +50,19 @@ def parser() -> argparse.ArgumentParser:
                         "(default: %(default)s)")
     b.add_argument("--json", action="store_true", help="print the result as JSON")
     b.set_defaults(func=_rpc_bench)
+
+    from specdec.prepare import add_prepare_parser
+
+    add_prepare_parser(sub)
+    from specdec.client_cli import add_parsers
+
+    add_parsers(sub)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     return args.func(args)
 
 

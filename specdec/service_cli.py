@@ -18,6 +18,7 @@ class ModelServiceConfig:
     backend: str = "torch"
     device: str = "cpu"
     dtype: str = "float32"
+    quantize: str = "none"
     host: str = "127.0.0.1"
     port: int = 0
     max_sessions: int = 64
@@ -44,6 +45,10 @@ def add_model_service_flags(p: argparse.ArgumentParser, default_port: int) -> No
                    help="torch device, e.g. cpu or cuda:0 (default: %(default)s)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                    help="weight dtype for folder models (default: %(default)s)")
+    p.add_argument("--quantize", default="none", choices=["none", "int8"],
+                   help="int8: dynamic int8 quantization of the Linear layers (CPU), a "
+                        "cheaper draft; output stays exact because the target verifies "
+                        "(default: %(default)s)")
     p.add_argument("--host", default="127.0.0.1",
                    help="address to listen on; 0.0.0.0 for all interfaces (default: %(default)s)")
     p.add_argument("--port", type=int, default=default_port,
@@ -84,7 +89,12 @@ def load_cached_model(cfg: ModelServiceConfig) -> CachedModel:
     if cfg.threads > 0:
         torch.set_num_threads(cfg.threads)
     t0 = time.perf_counter()
-    backend = TorchBackend(load(cfg.model, cfg.device, cfg.dtype), cfg.device)
+    loaded = load(cfg.model, cfg.device, cfg.dtype)
+    if cfg.quantize == "int8":
+        from specdec.runtime.models import quantize_int8
+
+        quantize_int8(loaded)
+    backend = TorchBackend(loaded, cfg.device)
     log.info("loaded model %s in %.2f s", cfg.model, time.perf_counter() - t0)
     model = CachedModel(backend, cfg.max_sessions, cfg.session_ttl, cfg.max_cached_tokens)
     model.store.start_reaper()
@@ -92,8 +102,9 @@ def load_cached_model(cfg: ModelServiceConfig) -> CachedModel:
 
 
 def log_start(kind: str, cfg: ModelServiceConfig, port: int, vocab_size: int) -> None:
-    log.info("%s service ready: model=%s backend=%s device=%s vocab=%d address=%s:%d",
-             kind, cfg.model, cfg.backend, cfg.device, vocab_size, cfg.host, port)
+    quant = "" if cfg.quantize == "none" else f" quantize={cfg.quantize}"
+    log.info("%s service ready: model=%s backend=%s device=%s%s vocab=%d address=%s:%d",
+             kind, cfg.model, cfg.backend, cfg.device, quant, vocab_size, cfg.host, port)
 
 
 def run(kind: str, cfg: ModelServiceConfig, create) -> int:

@@ -147,5 +147,16 @@ def load_tokenizer(name: str):
         return tiny_tokenizer.build(TINY_VOCAB)
     from transformers import AutoTokenizer
 
-    path = resolve(name) if "resolve" in globals() else name
+    path = resolve(name)
     return AutoTokenizer.from_pretrained(path, local_files_only=True)
+
+
+def quantize_int8(loaded: LoadedModel) -> None:
+    """Dynamic int8 quantization of every nn.Linear (CPU): ~0.7x the fp32 step time of
+    SmolLM2-135M here, with ~0.74 greedy agreement; a draft, never a target."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch.ao.quantization's deprecation notices
+        loaded.model = torch.ao.quantization.quantize_dynamic(
+            loaded.model, {torch.nn.Linear}, dtype=torch.qint8)

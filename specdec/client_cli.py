@@ -1,0 +1,222 @@
+"""`specdec generate`, `specdec up` and `specdec demo`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import statistics
+import sys
+import threading
+import time
+from contextlib import ExitStack
+
+log = logging.getLogger("specdec")
+
+DEMO_PROMPT = "Explain in a few sentences why the sky is blue."
+
+
+def build_request(args: argparse.Namespace):
+    from specdec.v1 import common_pb2, generate_pb2
+
+    req = generate_pb2.GenerateRequest(
+        max_new_tokens=args.max_new_tokens, stop=args.stop or [],
+        sampling=common_pb2.SamplingParams(temperature=args.temperature, top_k=args.top_k,
+                                           top_p=args.top_p, seed=args.seed),
+    )
+    if args.chat:
+        req.messages.add(role="user", content=args.prompt)
+    else:
+        req.prompt = args.prompt
+    if args.k is not None:
+        req.num_draft_tokens = args.k
+    return req
+
+
+def generate(args: argparse.Namespace) -> int:
+    import grpc
+    from google.protobuf.json_format import MessageToDict
+
+    from specdec.v1 import generate_pb2_grpc
+
+    req = build_request(args)
+    with grpc.insecure_channel(args.address) as channel:
+        stub = generate_pb2_grpc.GeneratorStub(channel)
+        try:
+            if args.stream:
+                for chunk in stub.GenerateStream(req, timeout=args.timeout):
+                    if args.json:
+                        print(json.dumps(MessageToDict(chunk)), flush=True)
+                    else:
+                        print(chunk.text, end="", flush=True)
+                if not args.json:
+                    print()
+                return 0
+            resp = stub.Generate(req, timeout=args.timeout)
+        except grpc.RpcError as e:
+            print(f"error: {e.code().name}: {e.details()}", file=sys.stderr)
+            return 1
+    if args.json:
+        print(json.dumps(MessageToDict(resp, always_print_fields_with_no_presence=True),
+                         indent=2))
+    else:
+        print(resp.text)
+    return 0
+
+
+def up(args: argparse.Namespace) -> int:
+    from specdec import stack
+
+    cfg = stack_config(args)
+    with ExitStack() as es:
+        s = stack.start(cfg, es, echo=args.verbose)
+        print(f"specdec is up: coordinator {s.address}  target {s.target.address}"
+              + (f"  draft {s.draft.address}" if s.draft else "  (no draft)"), flush=True)
+        print('try: specdec generate --chat "Hello!"   (Ctrl-C stops everything)', flush=True)
+        done = threading.Event()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: done.set())
+        while not done.wait(1.0):
+            for proc in [s.coordinator, s.target, *([s.draft] if s.draft else [])]:
+                if proc.proc.poll() is not None:
+                    print(f"error: {proc.name} exited:\n{proc.output[-2000:]}", file=sys.stderr)
+                    return 1
+        print("stopping ...", flush=True)
+    return 0
+
+
+def demo(args: argparse.Namespace) -> int:
+    """Prepare, start everything, K=4 vs K=0 on one chat prompt, print both and the speedup."""
+    import grpc
+
+    from specdec import stack
+    from specdec.prepare import prepare_smollm2
+    from specdec.v1 import generate_pb2, generate_pb2_grpc
+
+    print("== preparing the SmolLM2-135M model (cached after the first run)", flush=True)
+    prepare_smollm2()
+    cfg = stack_config(args)
+    with ExitStack() as es:
+        print("== starting target, draft and coordinator on loopback", flush=True)
+        s = stack.start(cfg, es)
+        with grpc.insecure_channel(s.address) as channel:
+            stub = generate_pb2_grpc.GeneratorStub(channel)
+
+            def run(k):
+                req = generate_pb2.GenerateRequest(max_new_tokens=args.max_new_tokens,
+                                                   num_draft_tokens=k)
+                req.messages.add(role="user", content=args.prompt)
+                t0 = time.perf_counter()
+                resp = stub.Generate(req, timeout=600)
+                return resp, len(resp.token_ids) / (time.perf_counter() - t0)
+
+            print("== warming up", flush=True)
+            run(cfg.k)
+            run(0)
+            print(f"== generating greedily, K={cfg.k} and K=0 interleaved, {args.repeats} times",
+                  flush=True)
+            spec_tps, base_tps = [], []
+            for _ in range(args.repeats):
+                spec, tps = run(cfg.k)
+                spec_tps.append(tps)
+                base, tps = run(0)
+                base_tps.append(tps)
+    st = spec.stats
+    accept = st.accepted_tokens / max(st.drafted_tokens, 1)
+    same = list(spec.token_ids) == list(base.token_ids)
+    print(f"\n--- speculative (K={cfg.k}) ---\n{spec.text}\n")
+    print(f"--- target only (K=0) ---\n{base.text}\n")
+    s_med, b_med = statistics.median(spec_tps), statistics.median(base_tps)
+    print(f"identical token ids: {'yes' if same else 'NO'} ({len(spec.token_ids)} tokens)")
+    print(f"target-only: {b_med:.1f} tokens/s   speculative: {s_med:.1f} tokens/s   "
+          f"speedup: {s_med / b_med:.2f}x (medians of {args.repeats})")
+    print(f"acceptance: {accept:.2f} of drafted tokens ({st.accepted_tokens}/"
+          f"{st.drafted_tokens}), {len(spec.token_ids) / max(st.rounds, 1):.2f} tokens per "
+          f"target pass")
+    return 0 if same else 1
+
+
+def stack_config(args: argparse.Namespace):
+    from specdec.stack import StackConfig
+
+    return StackConfig(target_model=args.target_model, draft_model=args.draft_model,
+                       draft_args=tuple(args.draft_arg) if args.draft_arg else
+                       StackConfig.draft_args, k=args.k_default,
+                       port=args.port, draft_port=args.draft_port,
+                       target_port=args.target_port, threads=args.threads,
+                       no_draft=args.no_draft)
+
+
+def add_stack_flags(p: argparse.ArgumentParser) -> None:
+    from specdec.stack import StackConfig
+
+    d = StackConfig()
+    p.add_argument("--target-model", default=d.target_model,
+                   help="target model name or folder (default: %(default)s)")
+    p.add_argument("--draft-model", default=d.draft_model,
+                   help="draft model name or folder (default: %(default)s)")
+    p.add_argument("--draft-arg", action="append", metavar="FLAG",
+                   help="extra flag for the draft service, repeatable; replaces the default "
+                        "--quantize int8 (e.g. --draft-arg=--quantize=none)")
+    p.add_argument("--no-draft", action="store_true", help="start no draft (target only)")
+    p.add_argument("--k", dest="k_default", type=int, default=d.k,
+                   help="draft tokens per round (default: %(default)s)")
+    p.add_argument("--port", type=int, default=d.port,
+                   help="coordinator gRPC port (default: %(default)s)")
+    p.add_argument("--draft-port", type=int, default=d.draft_port,
+                   help="draft service port (default: %(default)s)")
+    p.add_argument("--target-port", type=int, default=d.target_port,
+                   help="target service port (default: %(default)s)")
+    p.add_argument("--threads", type=int, default=d.threads,
+                   help="torch threads per model service; 0 = torch's default "
+                        "(default: %(default)s)")
+
+
+def add_parsers(sub) -> None:
+    g = sub.add_parser("generate", help="generate text through a running coordinator",
+                       description="Send one Generate (or GenerateStream) request to the "
+                                   "coordinator and print the text.")
+    g.add_argument("prompt", help="the prompt text (a user message with --chat)")
+    g.add_argument("--chat", action="store_true",
+                   help="send the prompt as a user chat message (the model's chat template)")
+    g.add_argument("--max-new-tokens", type=int, default=128,
+                   help="most tokens to generate (default: %(default)s)")
+    g.add_argument("--temperature", type=float, default=0.0,
+                   help="0 = greedy (default: %(default)s)")
+    g.add_argument("--top-k", type=int, default=0, help="0 = off (default: %(default)s)")
+    g.add_argument("--top-p", type=float, default=0.0, help="0 or 1 = off (default: %(default)s)")
+    g.add_argument("--seed", type=int, default=0,
+                   help="seed of every random draw; same seed, same text (default: %(default)s)")
+    g.add_argument("--k", type=int, default=None,
+                   help="draft tokens per round; 0 = target only (default: the "
+                        "coordinator's)")
+    g.add_argument("--stop", action="append", help="stop string, repeatable")
+    g.add_argument("--stream", action="store_true", help="print text as it is generated")
+    g.add_argument("--json", action="store_true",
+                   help="print the response fields (ids, kinds, finish_reason, stats) as JSON")
+    g.add_argument("--address", default="127.0.0.1:50050",
+                   help="coordinator address (default: %(default)s)")
+    g.add_argument("--timeout", type=float, default=600.0,
+                   help="deadline in seconds (default: %(default)s)")
+    g.set_defaults(func=generate)
+
+    u = sub.add_parser("up", help="start draft, target and coordinator on loopback",
+                       description="Start the target and draft services and the coordinator "
+                                   "(Ray Serve) on loopback, print their addresses, and stop "
+                                   "all three on Ctrl-C.")
+    add_stack_flags(u)
+    u.add_argument("--verbose", action="store_true", help="show the services' logs")
+    u.set_defaults(func=up)
+
+    d = sub.add_parser("demo", help="the README's demo: speculative vs target-only",
+                       description="Prepare the model, start everything, generate one chat "
+                                   "answer greedily with K and with K=0, print both texts, "
+                                   "tokens/s, speedup and acceptance, then stop everything.")
+    add_stack_flags(d)
+    d.add_argument("--prompt", default=DEMO_PROMPT, help="the chat prompt")
+    d.add_argument("--max-new-tokens", type=int, default=96,
+                   help="tokens to generate (default: %(default)s)")
+    d.add_argument("--repeats", type=int, default=3,
+                   help="interleaved runs of each; medians are printed (default: %(default)s)")
+    d.set_defaults(func=demo)

@@ -1,0 +1,33 @@
+"""A real coordinator (Ray Serve, subprocess) in front of real tiny-model services."""
+
+from __future__ import annotations
+
+import socket
+
+import grpc
+import pytest
+
+from specdec.launcher import start
+from specdec.v1 import generate_pb2_grpc
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def coordinator(draft_server, target_server):
+    """(address, draft engine, target engine); one Ray Serve coordinator for the session."""
+    proc = start("coordinator", ["--draft", draft_server[0], "--target", target_server[0],
+                                 "--port", str(free_port()), "--max-concurrency", "4"],
+                 timeout=180)
+    yield proc.address, draft_server[1], target_server[1]
+    assert proc.stop() == 0, proc.output[-3000:]
+
+
+@pytest.fixture()
+def generator_stub(coordinator):
+    with grpc.insecure_channel(coordinator[0]) as channel:
+        yield generate_pb2_grpc.GeneratorStub(channel)
