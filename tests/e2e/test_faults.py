@@ -1,0 +1,79 @@
+"""Faults with real processes: the generation completes, with the same greedy ids."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+from coordinator.config import CoordinatorConfig
+from coordinator.setup import build_service
+from specdec.v1 import generate_pb2
+from tests.procs import start_service
+
+pytestmark = pytest.mark.slow
+
+PROMPT = [7, 77, 177, 277]
+N = 400
+
+
+def request(k: int) -> generate_pb2.GenerateRequest:
+    return generate_pb2.GenerateRequest(prompt_token_ids=PROMPT, max_new_tokens=N,
+                                        num_draft_tokens=k)
+
+
+def stream_with(service, k: int, after_first_chunk) -> tuple[list[int], list]:
+    ids, chunks = [], []
+    for i, chunk in enumerate(service.stream(request(k))):
+        ids += chunk.token_ids
+        chunks.append(chunk)
+        if i == 0:
+            after_first_chunk()
+    return ids, chunks
+
+
+def test_draft_killed_mid_generation_falls_back_to_target_only():
+    target = start_service("target_service", "--model", "tiny-random")
+    draft = start_service("draft_service", "--model", "tiny-random-draft")
+    try:
+        service = build_service(CoordinatorConfig(draft=draft.address, target=target.address,
+                                                  draft_backoff=0.05, rpc_deadline=5))
+        baseline = list(service.generate(request(0)).token_ids)
+        ids, chunks = stream_with(service, 4, lambda: draft.stop(signal.SIGKILL))
+        assert ids == baseline
+        assert chunks[-1].finish_reason == "length"
+        # Speculated before the kill, target-only after it.
+        assert generate_pb2.TOKEN_KIND_TARGET not in chunks[0].kinds
+        assert generate_pb2.TOKEN_KIND_TARGET in [k for c in chunks for k in c.kinds]
+    finally:
+        draft.stop()
+        target.stop()
+
+
+def test_target_restarted_mid_generation_repins_to_the_other_replica():
+    targets = [start_service("target_service", "--model", "tiny-random") for _ in range(2)]
+    draft = start_service("draft_service", "--model", "tiny-random-draft")
+    restarted = []
+    try:
+        service = build_service(CoordinatorConfig(
+            draft=draft.address, target=",".join(t.address for t in targets), rpc_deadline=5))
+        baseline = list(service.generate(request(0)).token_ids)
+
+        def restart_pinned_target():
+            pinned = [r for r in service.loop.target.replicas() if r.pinned]
+            assert len(pinned) == 1
+            victim = next(t for t in targets if t.address == pinned[0].address)
+            victim.stop(signal.SIGKILL)
+            port = victim.address.rsplit(":", 1)[1]
+            restarted.append(start_service("target_service", "--model", "tiny-random",
+                                           "--port", port))
+
+        ids, chunks = stream_with(service, 4, restart_pinned_target)
+        assert ids == baseline
+        assert chunks[-1].finish_reason == "length"
+        # The restarted replica serves again (a new generation may land on it).
+        again = list(service.generate(request(4)).token_ids)
+        assert again == baseline
+    finally:
+        for proc in targets + restarted + [draft]:
+            proc.stop()
