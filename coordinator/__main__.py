@@ -54,11 +54,7 @@ def deploy(cfg: CoordinatorConfig) -> None:
     from ray.serve.config import HTTPOptions, gRPCOptions
 
     from coordinator.app import APP_NAME, SERVICER_FUNCTIONS, application
-    from coordinator.setup import build_service
 
-    # Check the services (reachable, same tokenizer) here first: a clear error now beats
-    # a replica that fails in a loop inside Serve.
-    build_service(cfg)
     serve.start(
         http_options=HTTPOptions(host="127.0.0.1", port=0),
         grpc_options=gRPCOptions(port=cfg.port, grpc_servicer_functions=SERVICER_FUNCTIONS),
@@ -90,7 +86,12 @@ def main(argv: list[str] | None = None) -> int:
     import ray
     from ray import serve
 
+    from coordinator.setup import build_service
+
     try:
+        # Check the services (reachable, same tokenizer) before Ray: a clear error now
+        # beats a replica that fails in a loop inside Serve.
+        build_service(cfg)
         start_ray(cfg)
         deploy(cfg)
     except (OSError, ValueError, TimeoutError, ConnectionError) as exc:

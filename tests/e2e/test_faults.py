@@ -77,3 +77,26 @@ def test_target_restarted_mid_generation_repins_to_the_other_replica():
     finally:
         for proc in targets + restarted + [draft]:
             proc.stop()
+
+
+def test_coordinator_refuses_a_mismatched_pair(tmp_path):
+    """A target whose tokenizer differs from the draft's: exit 2 with a clear message."""
+    import subprocess
+    import sys
+
+    from tests.procs import ROOT
+    from tests.runtime.test_model_folder import save_tiny_folder
+
+    save_tiny_folder(tmp_path, 768)  # same vocabulary size, another tokenizer
+    target = start_service("target_service", "--model", str(tmp_path))
+    draft = start_service("draft_service", "--model", "tiny-random-draft")
+    try:
+        run = subprocess.run([sys.executable, "-m", "coordinator", "--draft", draft.address,
+                              "--target", target.address, "--port", "0"], cwd=ROOT,
+                             capture_output=True, text=True, timeout=120)
+        assert run.returncode == 2, run.stderr[-2000:]
+        assert "must share a tokenizer" in run.stderr
+        assert "Traceback" not in run.stderr
+    finally:
+        draft.stop()
+        target.stop()
