@@ -96,7 +96,7 @@ class Router:
         """Skip this replica for a while (doubling with repeated failures, up to 60 s)."""
         with self._lock:
             replica.failures += 1
-            delay = min(60.0, self.backoff_s * 2 ** min(replica.failures - 1, 5))
+            delay = min(60.0, self.backoff_s * 2 ** min(replica.failures - 1, 10))
             replica.down_until = self.clock() + delay
 
     def mark_ok(self, replica: Replica) -> None:

@@ -51,31 +51,56 @@ class IncrementalDetokenizer:
 
 
 class TextStream:
-    """Accumulates text deltas, finds stop strings, releases only text that is final."""
+    """Accumulates text deltas, finds stop strings, releases only text that is final.
+
+    The result is always text[:earliest start of any stop string], however the text was
+    chunked: a position is released only once no stop string can start there, and a
+    complete stop is acted on only when no longer stop could still start before it.
+    """
 
     def __init__(self, stop: Sequence[str] = ()):
         self.stop = [s for s in stop if s]
-        self.holdback = max((len(s) for s in self.stop), default=1) - 1
         self.text = ""  # everything accepted so far (cut at a stop, once found)
         self.released = 0  # characters of self.text already handed out
         self.stopped = False
+
+    def _earliest_complete(self) -> int | None:
+        hits = [i for i in (self.text.find(s, self.released) for s in self.stop) if i >= 0]
+        return min(hits, default=None)
+
+    def _earliest_partial(self) -> int | None:
+        """First position whose suffix is a proper prefix of some stop string."""
+        longest = max((len(s) for s in self.stop), default=0)
+        for p in range(max(self.released, len(self.text) - longest + 1), len(self.text)):
+            tail = self.text[p:]
+            if any(len(s) > len(tail) and s.startswith(tail) for s in self.stop):
+                return p
+        return None
 
     def push(self, delta: str) -> str:
         """Add decoded text; return the part that can be streamed now."""
         if self.stopped or not delta:
             return ""
-        start = max(0, len(self.text) - self.holdback)
         self.text += delta
-        hits = [i for i in (self.text.find(s, start) for s in self.stop) if i >= 0]
-        if hits:
-            self.text = self.text[: min(hits)]
-            self.stopped = True
-            return self._release(len(self.text))
-        return self._release(len(self.text) - self.holdback)
+        complete, partial = self._earliest_complete(), self._earliest_partial()
+        if complete is not None and (partial is None or partial >= complete):
+            return self._cut(complete)
+        bounds = [b for b in (complete, partial) if b is not None]
+        return self._release(min(bounds, default=len(self.text)))
 
     def finish(self) -> str:
-        """Release what was held back (the generation ended without a stop string)."""
+        """The generation ended: apply a pending stop, else release what was held back."""
+        if self.stopped:
+            return ""
+        complete = self._earliest_complete()
+        if complete is not None:
+            return self._cut(complete)
         return self._release(len(self.text))
+
+    def _cut(self, at: int) -> str:
+        self.text = self.text[:at]
+        self.stopped = True
+        return self._release(at)
 
     def _release(self, upto: int) -> str:
         if upto <= self.released:
