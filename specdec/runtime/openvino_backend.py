@@ -1,0 +1,122 @@
+"""The OpenVINO backend: a stateful IR (optimum-intel export), one infer request per session.
+
+A stateful IR keeps its KV cache inside the infer request, with no crop. Rollback trims
+the state tensors instead: query_state(), slice the sequence axis to the kept length,
+set_state. Each session owns an infer request, so sessions never see each other's
+caches; requests share the compiled model (weights are not copied).
+
+Same interface as TorchBackend: new_cache / cache_len / crop / forward.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from specdec.runtime.models import LoadedModel, tokenizer_digest
+
+log = logging.getLogger(__name__)
+
+IR_FILE = "openvino_model.xml"
+KV_PRECISIONS = ("f32", "f16", "u8")
+
+
+@dataclass
+class OVCache:
+    request: object  # openvino.InferRequest holding this session's KV states
+    length: int = 0
+
+
+class OpenVINOBackend:
+    name = "openvino"
+
+    def __init__(self, ir_dir: str | Path, device: str = "CPU", threads: int = 0,
+                 kv_cache_precision: str = "f32", latency_hint: bool = True,
+                 model_id: str | None = None):
+        import openvino as ov
+        from transformers import AutoTokenizer
+
+        ir_dir = Path(ir_dir)
+        core = ov.Core()
+        if device.split(":")[0].split(".")[0] not in ("AUTO", "HETERO", "MULTI") and \
+                device not in core.available_devices and device.split(".")[0] not in \
+                {d.split(".")[0] for d in core.available_devices}:
+            raise ValueError(f"OpenVINO device {device!r} is not available here "
+                             f"(available: {', '.join(core.available_devices)})")
+        if kv_cache_precision not in KV_PRECISIONS:
+            raise ValueError(f"kv cache precision must be one of {KV_PRECISIONS}")
+        config = {"KV_CACHE_PRECISION": kv_cache_precision}
+        if device.startswith("CPU"):
+            config["INFERENCE_PRECISION_HINT"] = "f32"
+            # Pinning fights with a second process on the same cores; use --cpus instead.
+            config["ENABLE_CPU_PINNING"] = False
+        if threads > 0:
+            config["INFERENCE_NUM_THREADS"] = threads
+        if latency_hint:
+            config["PERFORMANCE_HINT"] = "LATENCY"
+        self.compiled = core.compile_model(str(ir_dir / IR_FILE), device, config)
+        hf_config = json.loads((ir_dir / "config.json").read_text())
+        tokenizer = AutoTokenizer.from_pretrained(str(ir_dir), local_files_only=True)
+        self.vocab_size = int(hf_config["vocab_size"])
+        self.max_context = int(hf_config.get("max_position_embeddings", 2048))
+        self.loaded = LoadedModel(None, model_id or ir_dir.name, self.vocab_size,
+                                  tokenizer_digest(tokenizer), self.max_context, tokenizer)
+        self.device = device
+        self._inputs = {i.get_any_name() for i in self.compiled.inputs}
+        self._seq_axis: int | None = None
+        self._lock = threading.Lock()
+
+    def new_cache(self) -> OVCache:
+        with self._lock:  # create_infer_request is cheap but not documented thread-safe
+            return OVCache(self.compiled.create_infer_request())
+
+    @staticmethod
+    def cache_len(cache: OVCache) -> int:
+        return cache.length
+
+    def _find_seq_axis(self, shape, length: int) -> int:
+        """KV states are [batch, heads, seq, head_dim] in optimum's exports; check once."""
+        if self._seq_axis is None:
+            axes = [i for i, n in enumerate(shape) if n == length]
+            self._seq_axis = 2 if 2 in axes or not axes else axes[-1]
+        return self._seq_axis
+
+    def crop(self, cache: OVCache, length: int) -> None:
+        """Forget positions >= length by trimming every KV state tensor."""
+        import openvino as ov
+
+        if cache.length <= length:
+            return
+        if length == 0:
+            cache.request.reset_state()
+        else:
+            for state in cache.request.query_state():
+                data = state.state.data
+                axis = self._find_seq_axis(data.shape, cache.length)
+                kept = np.ascontiguousarray(np.take(data, np.arange(length), axis=axis))
+                state.state = ov.Tensor(kept)
+        cache.length = length
+
+    def forward(self, cache: OVCache, tokens: list[int], keep_last: int = 1) -> torch.Tensor:
+        n = len(tokens)
+        past = cache.length
+        inputs = {
+            "input_ids": np.asarray([tokens], dtype=np.int64),
+            "attention_mask": np.ones((1, past + n), dtype=np.int64),
+        }
+        if "position_ids" in self._inputs:
+            inputs["position_ids"] = np.arange(past, past + n, dtype=np.int64)[None, :]
+        if "beam_idx" in self._inputs:
+            inputs["beam_idx"] = np.zeros(1, dtype=np.int32)
+        if past == 0:
+            cache.request.reset_state()
+        cache.request.infer(inputs)
+        cache.length = past + n
+        logits = cache.request.get_tensor("logits").data[0, -keep_last:]
+        return torch.from_numpy(np.array(logits, dtype=np.float32))

@@ -1,0 +1,127 @@
+"""Export a Hugging Face folder to OpenVINO IR (optimum-intel), fp32 / int8 / int4 weights.
+
+`specdec prepare --openvino` writes `<name>-ov-<weights>` next to the HF folder. Each IR
+folder also gets the tokenizer and a marker written last (a half-written export is not a
+cache hit). int4 uses group size 64: SmolLM2's hidden size 576 is not a multiple of the
+default 128.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+WEIGHTS = ("fp32", "int8", "int4")
+MARKER = ".specdec-ov-export.json"
+FORMAT_VERSION = 1
+
+
+def ir_dir_for(hf_dir: Path, weights: str) -> Path:
+    return hf_dir.parent / f"{hf_dir.name}-ov-{weights}"
+
+
+def is_exported(ir_dir: Path, hf_dir: Path) -> bool:
+    try:
+        marker = json.loads((ir_dir / MARKER).read_text())
+    except (OSError, ValueError):
+        return False
+    source_mtime = (hf_dir / "config.json").stat().st_mtime
+    return marker.get("format") == FORMAT_VERSION and marker.get("source_mtime") == source_mtime \
+        and (ir_dir / "openvino_model.xml").exists() and (ir_dir / "openvino_model.bin").exists()
+
+
+def _quantization(weights: str):
+    from optimum.intel import OVWeightQuantizationConfig
+
+    if weights == "fp32":
+        return None
+    if weights == "int8":
+        return OVWeightQuantizationConfig(bits=8)
+    return OVWeightQuantizationConfig(bits=4, group_size=64, sym=False, ratio=1.0)
+
+
+def export(hf_dir: Path, weights: str = "fp32", force: bool = False,
+           say: Callable[[str], None] = log.info) -> Path:
+    """The IR folder for `hf_dir` at `weights`, exporting it first unless cached."""
+    if weights not in WEIGHTS:
+        raise ValueError(f"weights must be one of {', '.join(WEIGHTS)}, got {weights!r}")
+    hf_dir = Path(hf_dir)
+    out = ir_dir_for(hf_dir, weights)
+    if not force and is_exported(out, hf_dir):
+        say(f"already exported: {out}")
+        return out
+    from optimum.intel import OVModelForCausalLM
+    from transformers import AutoTokenizer
+
+    t0 = time.perf_counter()
+    say(f"exporting {hf_dir.name} to OpenVINO IR ({weights} weights) ...")
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model = OVModelForCausalLM.from_pretrained(
+        str(hf_dir), export=True, compile=False, local_files_only=True,
+        quantization_config=_quantization(weights), load_in_8bit=False,
+    )
+    model.save_pretrained(str(tmp))
+    AutoTokenizer.from_pretrained(str(hf_dir), local_files_only=True).save_pretrained(str(tmp))
+    marker = {"format": FORMAT_VERSION, "weights": weights, "source": str(hf_dir),
+              "source_mtime": (hf_dir / "config.json").stat().st_mtime}
+    (tmp / MARKER).write_text(json.dumps(marker, indent=2) + "\n")
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    size = sum(p.stat().st_size for p in out.iterdir()) / 1e6
+    say(f"exported {out} ({size:.0f} MB) in {time.perf_counter() - t0:.0f} s")
+    return out
+
+
+def export_tiny(name: str, weights: str, home: Path) -> Path:
+    """A tiny built-in model as an HF folder under `home`, then its IR (cached).
+
+    The folder name carries a hash of the tiny models' definition, so a change to it
+    never reuses a stale export."""
+    import hashlib
+
+    from specdec.runtime import models
+
+    recipe = repr((models.TINY_VOCAB, models.TINY_SEED, models.TINY_DRAFT_SEED,
+                   models.TINY_DRAFT_NOISE, models._tiny_config().to_json_string()))
+    tag = hashlib.sha256(recipe.encode()).hexdigest()[:8]
+    build_tiny = models.build_tiny
+    hf_dir = Path(home) / "models" / f"{name}-{tag}"
+    if not (hf_dir / "config.json").exists():
+        loaded = build_tiny(name)
+        tmp = hf_dir.with_name(hf_dir.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        loaded.model.save_pretrained(str(tmp))
+        loaded.tokenizer.save_pretrained(str(tmp))
+        shutil.rmtree(hf_dir, ignore_errors=True)
+        tmp.rename(hf_dir)
+    return export(hf_dir, weights)
+
+
+def resolve_ir(model: str, weights: str) -> tuple[Path, str]:
+    """(IR folder, model_id) for a --model value and --weights."""
+    from specdec.prepare import default_home, model_dir
+    from specdec.runtime.models import PREPARED_NAMES, TINY_NAMES
+
+    if model in TINY_NAMES:
+        return export_tiny(model, weights, default_home()), model
+    if model in PREPARED_NAMES:
+        ir = ir_dir_for(model_dir(model), weights)
+        if not (ir / "openvino_model.xml").exists():
+            raise FileNotFoundError(f"no {weights} OpenVINO IR for {model} at {ir}; run "
+                                    f"`specdec prepare --openvino --weights {weights}` first")
+        return ir, model
+    path = Path(model)
+    if (path / "openvino_model.xml").exists():
+        return path, path.name
+    ir = ir_dir_for(path, weights)
+    if (ir / "openvino_model.xml").exists():
+        return ir, path.name
+    raise FileNotFoundError(f"{model!r} holds no OpenVINO IR (openvino_model.xml) and no "
+                            f"{ir.name} export exists next to it")
