@@ -20,6 +20,7 @@ class ModelServiceConfig:
     device: str = ""  # "" = the backend's default: cpu (torch), CPU (OpenVINO)
     weights: str = "fp32"
     kv_cache_precision: str = "f32"
+    performance_hint: str = "LATENCY"
     cpus: str = ""
     dtype: str = "float32"
     quantize: str = "none"
@@ -56,6 +57,9 @@ def add_model_service_flags(p: argparse.ArgumentParser, default_port: int) -> No
                    help="openvino: KV-cache precision. The CPU plugin's own default, u8, "
                         "changes logits slightly; f32 keeps the target faithful to the "
                         "model (default: %(default)s)")
+    p.add_argument("--performance-hint", default="LATENCY",
+                   choices=["LATENCY", "THROUGHPUT", "CUMULATIVE_THROUGHPUT"],
+                   help="openvino: the plugin's performance hint (default: %(default)s)")
     p.add_argument("--cpus", default="",
                    help="pin this process to these CPUs, e.g. 0 or 0-1 or 0,2 (lets one box "
                         "emulate two devices: draft on one core, target on the other)")
@@ -111,7 +115,7 @@ def load_backend(cfg: ModelServiceConfig):
 
         ir_dir, model_id = resolve_ir(cfg.model, cfg.weights)
         return OpenVINOBackend(ir_dir, cfg.device or "CPU", cfg.threads,
-                               cfg.kv_cache_precision, model_id=model_id)
+                               cfg.kv_cache_precision, cfg.performance_hint, model_id=model_id)
     from specdec.runtime.models import load
     from specdec.runtime.torch_backend import TorchBackend
 

@@ -37,7 +37,7 @@ class OpenVINOBackend:
     name = "openvino"
 
     def __init__(self, ir_dir: str | Path, device: str = "CPU", threads: int = 0,
-                 kv_cache_precision: str = "f32", latency_hint: bool = True,
+                 kv_cache_precision: str = "f32", performance_hint: str = "LATENCY",
                  model_id: str | None = None):
         import openvino as ov
         from transformers import AutoTokenizer
@@ -58,8 +58,8 @@ class OpenVINOBackend:
             config["ENABLE_CPU_PINNING"] = False
         if threads > 0:
             config["INFERENCE_NUM_THREADS"] = threads
-        if latency_hint:
-            config["PERFORMANCE_HINT"] = "LATENCY"
+        if performance_hint:
+            config["PERFORMANCE_HINT"] = performance_hint
         self.compiled = core.compile_model(str(ir_dir / IR_FILE), device, config)
         hf_config = json.loads((ir_dir / "config.json").read_text())
         tokenizer = AutoTokenizer.from_pretrained(str(ir_dir), local_files_only=True)

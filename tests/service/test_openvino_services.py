@@ -74,3 +74,50 @@ def test_openvino_services_report_their_backend(ov_servers, target_server):
     torch_info = TargetClient(grpc.insecure_channel(target_server[0])).info()
     assert (info.backend, info.device) == ("openvino", "CPU")
     assert info.tokenizer_digest == torch_info.tokenizer_digest  # a valid mixed pair
+
+
+class Driver:
+    """One session's rounds: all drafts 'accepted' plus a fixed bonus, so the cache grows
+    and each request crops and extends it as the cache-sync rule says."""
+
+    def __init__(self, session: str, prompt: list[int]):
+        self.session, self.committed, self.view = session, list(prompt), []
+
+    def request(self):
+        from specdec import digest
+        from specdec.v1 import draft_pb2
+
+        keep = 0
+        while keep < min(len(self.view), len(self.committed) - 1) and \
+                self.view[keep] == self.committed[keep]:
+            keep += 1
+        return draft_pb2.ProposeRequest(session_id=self.session, keep_len=keep,
+                                        keep_digest=digest.digest(self.committed[:keep]),
+                                        new_tokens=self.committed[keep:], num_tokens=3)
+
+    def update(self, tokens: list[int], bonus: int) -> None:
+        self.view = self.committed + tokens[:-1]
+        self.committed = self.committed + tokens + [bonus]
+
+
+def test_interleaved_propose_sessions_on_one_openvino_draft(ov_servers):
+    """Three sessions' rounds interleaved give the same drafts as each run alone."""
+    from specdec.v1 import draft_pb2_grpc
+
+    stub = draft_pb2_grpc.DraftServiceStub(grpc.insecure_channel(ov_servers["ov_draft"][1]))
+    prompts = [[1, 2, 3], [400, 500, 600, 700], [9]]
+
+    def play(drivers, order):
+        seen: dict[str, list[list[int]]] = {d.session: [] for d in drivers}
+        for i in order:
+            d = drivers[i]
+            tokens = list(stub.Propose(d.request()).tokens)
+            seen[d.session].append(tokens)
+            d.update(tokens, bonus=len(seen[d.session]))
+        return [seen[d.session] for d in drivers]
+
+    rounds = 4
+    alone = [play([Driver(f"alone-{i}", p)], [0] * rounds)[0] for i, p in enumerate(prompts)]
+    mixed = play([Driver(f"mixed-{i}", p) for i, p in enumerate(prompts)],
+                 [0, 1, 2] * rounds)
+    assert mixed == alone
