@@ -107,8 +107,15 @@ class Coordinator:
             await asyncio.sleep(3600)
 
 
-def application(config: dict):
-    """The bound Serve application, with the autoscaling config from `config`."""
+def application(args: dict):
+    """The bound Serve application, with the autoscaling config from its arguments.
+
+    Also a Serve application builder: a RayService's serveConfigV2 can give
+    `import_path: coordinator.app:application` and any subset of CoordinatorConfig's
+    fields as `args`; defaults fill in the rest."""
+    from coordinator.config import CoordinatorConfig
+
+    config = CoordinatorConfig(**(args or {})).to_dict()
     autoscaling = {
         "min_replicas": config["min_replicas"],
         "max_replicas": config["max_replicas"],

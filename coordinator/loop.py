@@ -170,6 +170,8 @@ class _Generation:
         """The pinned draft, or a new one once the back-off after a failure is over."""
         if self.loop.draft is None or time.monotonic() < self.draft_retry_at:
             return None
+        if self.draft is not None and not self.loop.draft.is_live(self.draft):
+            self.draft = None  # its pod left the pool: pick another
         if self.draft is None:
             self.draft = self._pin(self.loop.draft, ())
             self.draft_view = CacheView()
@@ -208,6 +210,14 @@ class _Generation:
         """Verify on the pinned target; on failure re-pin and repeat (same round seed)."""
         dists = proposal.dists if proposal else []
         tried: list[str] = []
+        if not self.loop.target.is_live(self.target):
+            # Its pod is going away (e.g. a rollout): move now, while it still answers.
+            moved = self._pin(self.loop.target, [self.target.address])
+            if moved is not None:
+                log.info("target %s left the pool; re-pinned to %s", self.target.address,
+                         moved.address)
+                self.target, self.target_view = moved, CacheView()
+                self.stats.target_repins += 1
         while True:
             client: TargetClient = self.target.client
             try:

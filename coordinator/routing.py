@@ -2,13 +2,15 @@
 
 KV caches live in the replica that built them, so a generation is pinned to one draft
 and one target replica. Replicas are chosen least-loaded (fewest generations pinned
-from this coordinator replica), skipping those that failed recently; on failure the
-generation is re-pinned to another one. Where addresses come from is pluggable: a
-static list here, a headless Service's DNS records on Kubernetes.
+from this coordinator replica), skipping those that failed recently; on failure, or
+when its address leaves the source (a pod being replaced), the generation is re-pinned
+to another one. Where addresses come from is pluggable: a static list, or a headless
+Service's DNS records on Kubernetes (`dns:NAME:PORT`, re-resolved periodically).
 """
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -39,6 +41,71 @@ class StaticAddresses:
 def parse_addresses(text: str) -> list[str]:
     """'h1:p1,h2:p2' -> ['h1:p1', 'h2:p2'] (blank entries dropped)."""
     return [a.strip() for a in text.split(",") if a.strip()]
+
+
+def system_resolver(host: str, port: int) -> list[str]:
+    """IPv4/IPv6 addresses of `host` (every A/AAAA record: one per pod behind a headless
+    Service)."""
+    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    out = []
+    for family, _, _, _, sockaddr in infos:
+        ip = sockaddr[0]
+        address = f"[{ip}]:{port}" if family == socket.AF_INET6 else f"{ip}:{port}"
+        if address not in out:
+            out.append(address)
+    return sorted(out)
+
+
+@dataclass
+class DnsAddresses:
+    """The pods behind a DNS name (a Kubernetes headless Service), re-resolved every
+    `refresh_s`. A failed lookup keeps the last answer (DNS blips do not empty a pool)."""
+
+    host: str
+    port: int
+    refresh_s: float = 5.0
+    resolver: Callable[[str, int], list[str]] = system_resolver
+    clock: Callable[[], float] = time.monotonic
+    _cached: list[str] = field(default_factory=list)
+    _at: float = float("-inf")
+
+    def addresses(self) -> list[str]:
+        now = self.clock()
+        if now - self._at >= self.refresh_s:
+            try:
+                self._cached = list(self.resolver(self.host, self.port))
+            except OSError:
+                pass
+            self._at = now
+        return list(self._cached)
+
+
+@dataclass
+class CombinedAddresses:
+    sources: list[AddressSource]
+
+    def addresses(self) -> list[str]:
+        out: list[str] = []
+        for source in self.sources:
+            out += [a for a in source.addresses() if a not in out]
+        return out
+
+
+def address_source(text: str, refresh_s: float = 5.0) -> AddressSource:
+    """'h:p,h2:p2' (static) and/or 'dns:name:port' entries (resolved periodically)."""
+    static: list[str] = []
+    sources: list[AddressSource] = []
+    for entry in parse_addresses(text):
+        if entry.startswith("dns:"):
+            host, _, port = entry[len("dns:"):].rpartition(":")
+            if not host or not port.isdigit():
+                raise ValueError(f"bad DNS address {entry!r}; expected dns:NAME:PORT")
+            sources.append(DnsAddresses(host, int(port), refresh_s))
+        else:
+            static.append(entry)
+    if static:
+        sources.insert(0, StaticAddresses(static))
+    return sources[0] if len(sources) == 1 else CombinedAddresses(sources)
 
 
 @dataclass
@@ -87,6 +154,10 @@ class Router:
             best = min(candidates, key=lambda r: (r.pinned, r.failures, r.address))
             best.pinned += 1
             return best
+
+    def is_live(self, replica: Replica) -> bool:
+        """Still listed by the address source (a pod being removed is not)."""
+        return replica.address in self.source.addresses()
 
     def release(self, replica: Replica) -> None:
         with self._lock:

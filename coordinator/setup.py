@@ -11,7 +11,7 @@ from coordinator.clients import DraftClient, TargetClient
 from coordinator.config import CoordinatorConfig
 from coordinator.generation import GenerationService, Limits
 from coordinator.loop import SpeculativeLoop
-from coordinator.routing import Router, StaticAddresses, parse_addresses
+from coordinator.routing import Router, address_source
 
 log = logging.getLogger(__name__)
 
@@ -19,6 +19,10 @@ log = logging.getLogger(__name__)
 def wait_for_infos(router: Router, kind: str, timeout_s: float) -> dict:
     """Info from every replica, retrying while they start; {address: ModelInfo}."""
     deadline = time.monotonic() + timeout_s
+    while not router.replicas():  # e.g. a headless Service whose pods are not up yet
+        if time.monotonic() > deadline:
+            raise ConnectionError(f"no {kind} replica found within {timeout_s:.0f} s")
+        time.sleep(1.0)
     infos = {}
     for replica in router.replicas():
         while True:
@@ -67,10 +71,9 @@ def build_service(cfg: CoordinatorConfig) -> GenerationService:
     def draft_client(channel):
         return DraftClient(channel, cfg.rpc_deadline)
 
-    target = Router(StaticAddresses(parse_addresses(cfg.target)), target_client)
-    draft_addresses = parse_addresses(cfg.draft)
-    draft = Router(StaticAddresses(draft_addresses), draft_client) if draft_addresses else None
-    if not target.replicas():
+    target = Router(address_source(cfg.target), target_client)
+    draft = Router(address_source(cfg.draft), draft_client) if cfg.draft.strip() else None
+    if not cfg.target.strip():
         raise ValueError("no target address given (--target host:port[,host:port...])")
     t_infos = wait_for_infos(target, "target", cfg.startup_timeout)
     d_infos = wait_for_infos(draft, "draft", cfg.startup_timeout) if draft else {}

@@ -21,6 +21,7 @@ class ModelServiceConfig:
     weights: str = "fp32"
     kv_cache_precision: str = "f32"
     performance_hint: str = "LATENCY"
+    ov_rollback: str = "mask"
     cpus: str = ""
     dtype: str = "float32"
     quantize: str = "none"
@@ -60,6 +61,10 @@ def add_model_service_flags(p: argparse.ArgumentParser, default_port: int) -> No
     p.add_argument("--performance-hint", default="LATENCY",
                    choices=["LATENCY", "THROUGHPUT", "CUMULATIVE_THROUGHPUT"],
                    help="openvino: the plugin's performance hint (default: %(default)s)")
+    p.add_argument("--ov-rollback", default="mask", choices=["mask", "trim"],
+                   help="openvino: how a rejected draft is rolled back in the stateful KV "
+                        "cache: mask (free; dead entries masked, compacted now and then) or "
+                        "trim (copy the state tensors every time) (default: %(default)s)")
     p.add_argument("--cpus", default="",
                    help="pin this process to these CPUs, e.g. 0 or 0-1 or 0,2 (lets one box "
                         "emulate two devices: draft on one core, target on the other)")
@@ -115,7 +120,8 @@ def load_backend(cfg: ModelServiceConfig):
 
         ir_dir, model_id = resolve_ir(cfg.model, cfg.weights)
         return OpenVINOBackend(ir_dir, cfg.device or "CPU", cfg.threads,
-                               cfg.kv_cache_precision, cfg.performance_hint, model_id=model_id)
+                               cfg.kv_cache_precision, cfg.performance_hint, model_id=model_id,
+                               rollback=cfg.ov_rollback)
     from specdec.runtime.models import load
     from specdec.runtime.torch_backend import TorchBackend
 

@@ -18,9 +18,13 @@ def ir_dir(tmp_path_factory):
     return export_tiny(TINY_TARGET, "fp32", tmp_path_factory.mktemp("home"))
 
 
-@pytest.fixture(scope="module")
-def backend(ir_dir):
-    return OpenVINOBackend(ir_dir, "CPU", threads=1, model_id=TINY_TARGET)
+@pytest.fixture(scope="module", params=["mask", "trim", "mask-compact-often"])
+def backend(ir_dir, request):
+    """Both rollback strategies; the third compacts after every 2 dead entries."""
+    rollback, _, _ = request.param.partition("-")
+    max_stale = 2 if request.param.endswith("often") else 64
+    return OpenVINOBackend(ir_dir, "CPU", threads=1, model_id=TINY_TARGET,
+                           rollback=rollback, max_stale=max_stale)
 
 
 def fresh(backend, tokens, keep_last=1):
@@ -53,6 +57,18 @@ def test_crop_then_extend_matches_fresh_prefill(backend, keep):
     follow = [42, 43]
     got = backend.forward(cache, PROMPT[keep:] + follow, keep_last=2)
     torch.testing.assert_close(got, fresh(backend, PROMPT + follow, 2), rtol=1e-4, atol=1e-4)
+
+
+def test_masked_rollback_keeps_dead_entries_until_compaction(ir_dir):
+    backend = OpenVINOBackend(ir_dir, "CPU", threads=1, rollback="mask", max_stale=4)
+    cache = backend.new_cache()
+    backend.forward(cache, PROMPT)
+    backend.forward(cache, [700, 701, 702])
+    backend.crop(cache, len(PROMPT))
+    assert (backend.cache_len(cache), len(cache.live)) == (len(PROMPT), len(PROMPT) + 3)
+    backend.forward(cache, [703, 704])
+    backend.crop(cache, len(PROMPT))  # 5 dead entries >= 4: compacted
+    assert len(cache.live) == len(PROMPT) and cache.live.all()
 
 
 def test_repeated_rollbacks_stay_consistent(backend):
