@@ -8,7 +8,7 @@ PROTOS := $(wildcard protos/specdec/v1/*.proto)
 GEN    := specdec/v1/.generated
 PYTEST := $(BIN)/python -m pytest
 
-.PHONY: setup protos prepare demo test test-fast test-unit test-service lint clean
+.PHONY: setup protos prepare demo bench bench-quick test test-fast test-unit test-service lint clean
 
 setup: $(STAMP) $(GEN)
 
@@ -41,6 +41,14 @@ prepare: setup
 # Real model on loopback: draft, target, coordinator (Ray Serve); K=4 vs K=0.
 demo: prepare
 	$(BIN)/specdec demo
+
+# specdec vs target-only and in-process peers; results in bench-results/ (~15 min).
+bench: prepare
+	$(BIN)/specdec bench --out bench-results
+
+# CI smoke of the same (under 3 minutes).
+bench-quick: prepare
+	$(BIN)/specdec bench --quick --out bench-results
 
 # The whole suite, real-model tests included (CI runs this).
 test: prepare

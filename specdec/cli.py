@@ -60,6 +60,9 @@ def parser() -> argparse.ArgumentParser:
     from specdec.pairbench import add_parser as add_pairbench
 
     add_pairbench(sub)
+    from specdec.bench.cli import add_parser as add_bench
+
+    add_bench(sub)
     return p
 
 

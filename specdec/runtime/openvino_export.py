@@ -19,7 +19,7 @@ log = logging.getLogger(__name__)
 
 WEIGHTS = ("fp32", "int8", "int4")
 MARKER = ".specdec-ov-export.json"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: also writes openvino_tokenizer/detokenizer.xml (OpenVINO GenAI)
 
 
 def ir_dir_for(hf_dir: Path, weights: str) -> Path:
@@ -46,6 +46,22 @@ def _quantization(weights: str):
     return OVWeightQuantizationConfig(bits=4, group_size=64, sym=False, ratio=1.0)
 
 
+def _save_ov_tokenizer(tokenizer, out: Path, say: Callable[[str], None]) -> None:
+    """Tokenizer/detokenizer IRs, so OpenVINO GenAI can run the same folder (benchmarks)."""
+    try:
+        import openvino as ov
+        from openvino_tokenizers import convert_tokenizer
+    except ImportError:
+        return
+    try:
+        tok, detok = convert_tokenizer(tokenizer, with_detokenizer=True)
+    except Exception as exc:  # noqa: BLE001 - optional extra; the IR itself is fine
+        say(f"note: no OpenVINO tokenizer IR ({exc}); OpenVINO GenAI cannot use {out.name}")
+        return
+    ov.save_model(tok, str(out / "openvino_tokenizer.xml"))
+    ov.save_model(detok, str(out / "openvino_detokenizer.xml"))
+
+
 def export(hf_dir: Path, weights: str = "fp32", force: bool = False,
            say: Callable[[str], None] = log.info) -> Path:
     """The IR folder for `hf_dir` at `weights`, exporting it first unless cached."""
@@ -68,7 +84,9 @@ def export(hf_dir: Path, weights: str = "fp32", force: bool = False,
         quantization_config=_quantization(weights), load_in_8bit=False,
     )
     model.save_pretrained(str(tmp))
-    AutoTokenizer.from_pretrained(str(hf_dir), local_files_only=True).save_pretrained(str(tmp))
+    tokenizer = AutoTokenizer.from_pretrained(str(hf_dir), local_files_only=True)
+    tokenizer.save_pretrained(str(tmp))
+    _save_ov_tokenizer(tokenizer, tmp, say)
     marker = {"format": FORMAT_VERSION, "weights": weights, "source": str(hf_dir),
               "source_mtime": (hf_dir / "config.json").stat().st_mtime}
     (tmp / MARKER).write_text(json.dumps(marker, indent=2) + "\n")

@@ -1,0 +1,1 @@
+"""`specdec bench`: specdec against target-only and in-process peers, side by side."""

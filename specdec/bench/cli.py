@@ -1,0 +1,163 @@
+"""`specdec bench`: run the scenarios side by side and write JSON, Markdown and plots."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+import time
+from contextlib import ExitStack
+from pathlib import Path
+
+from tqdm import tqdm
+
+from specdec.bench import prompts as bench_prompts
+from specdec.bench import report
+from specdec.sampling import SamplingParams
+
+
+def _peak_rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def machine() -> str:
+    return (f"{platform.machine()}, {len(os.sched_getaffinity(0))} CPUs, "
+            f"{platform.processor() or platform.system()}, Python {platform.python_version()}")
+
+
+def run(args: argparse.Namespace) -> int:
+    from coordinator.config import CoordinatorConfig
+    from coordinator.setup import build_service
+    from specdec import launcher
+    from specdec.prepare import prepare_smollm2
+    from specdec.runtime.openvino_export import export
+    from specdec.stack import DRAFT_ARGS, TARGET_ARGS
+
+    def say(message: str) -> None:
+        print(message, file=sys.stderr, flush=True)
+
+    ks = [int(k) for k in args.k.split(",") if k.strip()]
+    temps = [float(t) for t in args.temperatures.split(",") if t.strip()]
+    names = bench_prompts.QUICK if args.quick else [n for n, _ in bench_prompts.PROMPTS]
+    messages = [(n, m) for n, m in bench_prompts.PROMPTS if n in names]
+    peers = {p.strip() for p in args.peers.split(",") if p.strip()}
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    say("== preparing the model and its OpenVINO IRs (cached)")
+    hf = prepare_smollm2()
+    target_ir, draft_ir = export(hf, "fp32", say=say), export(hf, "int8", say=say)
+    cpus = sorted(os.sched_getaffinity(0))
+    pin = args.pin and len(cpus) >= 2
+    with ExitStack() as stack:
+        say("== starting target and draft services" + (" (pinned)" if pin else ""))
+        procs = {}
+        for role, module, flags, cpu in (("target", "target_service", TARGET_ARGS, cpus[-1]),
+                                         ("draft", "draft_service", DRAFT_ARGS, cpus[0])):
+            a = ["--model", args.model, "--port", "0", "--threads", str(args.threads), *flags]
+            if pin:
+                a += ["--cpus", str(cpu)]
+            procs[role] = launcher.start(module, a, timeout=300)
+            stack.callback(procs[role].stop)
+        service = build_service(CoordinatorConfig(target=procs["target"].address,
+                                                  draft=procs["draft"].address))
+        scenarios = _scenarios(service, ks, peers, target_ir, draft_ir, hf, args, say)
+        samples: dict[float, list] = {t: [] for t in temps}
+        jobs = [(rep, t, m) for rep in range(args.repeats) for t in temps for m in messages]
+        for rep, temperature, (_, message) in tqdm(jobs, desc="bench", unit="prompt"):
+            sampling = SamplingParams(temperature=temperature, seed=rep)
+            for scenario in scenarios:
+                samples[temperature].append(
+                    scenario.run(message, args.max_new_tokens, sampling))
+        rss = {role: _peak_rss_mb(p.proc.pid) for role, p in procs.items()}
+    rows = [r for t in temps for r in report.summarise(samples[t], t)]
+    meta = {"machine": machine(), "model": f"{args.model} (OpenVINO fp32 target, int8 draft)",
+            "prompts": len(messages), "max_new_tokens": args.max_new_tokens,
+            "repeats": args.repeats, "pinned": pin, "threads_per_service": args.threads,
+            "command": " ".join(sys.argv), "date": time.strftime("%Y-%m-%d"),
+            "peak_rss_mb": rss}
+    md = report.markdown(rows, meta)
+    (out_dir / "bench.md").write_text(md)
+    report.write_json(out_dir / "bench.json", rows, meta)
+    files = report.plots(rows, out_dir)
+    print(md)
+    say(f"wrote {out_dir / 'bench.json'}, {out_dir / 'bench.md'}, "
+        + ", ".join(str(f) for f in files))
+    bad = [r.scenario for r in rows if r.exact is False]
+    if bad:
+        print(f"FAILURE: greedy speculative output differs from target-only in: "
+              f"{', '.join(bad)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _scenarios(service, ks, peers, target_ir, draft_ir, hf, args, say):
+    from specdec.bench.scenarios import GenAIScenario, HFScenario, InProcessTarget, SystemScenario
+
+    scenarios = [SystemScenario(service, 0)] + [SystemScenario(service, k) for k in ks]
+    tokenizer = service.tokenizer
+    k_peer = 4 if 4 in ks else ks[-1]
+    if "inprocess" in peers:
+        from specdec.runtime.openvino_backend import OpenVINOBackend
+
+        backend = OpenVINOBackend(target_ir, "CPU", threads=args.threads)
+        scenarios.append(InProcessTarget(backend, tokenizer, service.eos_token_ids))
+    if "genai" in peers:
+        try:
+            for mode in ("plain", "speculative", "lookup"):
+                scenarios.append(GenAIScenario(target_ir, draft_ir, mode, k_peer,
+                                               args.threads, tokenizer))
+        except ImportError:
+            say("note: openvino-genai is not installed; skipping its scenarios")
+    if "hf" in peers:
+        from specdec.runtime.models import load, quantize_int8
+
+        target = load(str(hf)).model
+        draft = load(str(hf))
+        quantize_int8(draft)
+        plain, assisted = HFScenario(target, None, k_peer, tokenizer), \
+            HFScenario(target, draft.model, k_peer, tokenizer)
+        scenarios += [plain, assisted]
+    return scenarios
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "bench", help="specdec vs target-only and in-process peers, side by side",
+        description="Run target-only and speculative decoding through the real services "
+                    "(K sweep) and in-process peers (the target backend alone, OpenVINO "
+                    "GenAI plain/speculative/prompt lookup, HF transformers plain/assisted) "
+                    "on the shipped prompts, interleaved, and write JSON, Markdown and PNG "
+                    "plots. Greedy runs check that every speculative text equals "
+                    "target-only (exit 1 otherwise).")
+    p.add_argument("--quick", action="store_true",
+                   help="CI smoke: 2 prompts, K=4, 32 tokens, one repeat, greedy, no HF "
+                        "(under 3 minutes)")
+    p.add_argument("--k", default="1,2,3,4,6,8", help="K sweep (default: %(default)s)")
+    p.add_argument("--repeats", type=int, default=2,
+                   help="passes over the prompts (default: %(default)s)")
+    p.add_argument("--max-new-tokens", type=int, default=64,
+                   help="tokens per generation (default: %(default)s)")
+    p.add_argument("--temperatures", default="0,0.7",
+                   help="comma-separated; 0 = greedy (default: %(default)s)")
+    p.add_argument("--peers", default="inprocess,genai,hf",
+                   help="comma-separated among inprocess, genai, hf (default: %(default)s)")
+    p.add_argument("--no-pin", dest="pin", action="store_false",
+                   help="do not pin draft and target to separate CPUs")
+    p.add_argument("--threads", type=int, default=1,
+                   help="threads per model service and per peer (default: %(default)s)")
+    p.add_argument("--model", default="smollm2-135m", help="model (default: %(default)s)")
+    p.add_argument("--out", default="bench-results",
+                   help="folder for bench.json, bench.md and the plots (default: %(default)s)")
+
+    def main(args) -> int:
+        if args.quick:
+            args.k, args.repeats, args.max_new_tokens = "4", 1, 32
+            args.temperatures, args.peers = "0", "inprocess,genai"
+        return run(args)
+
+    p.set_defaults(func=main)
