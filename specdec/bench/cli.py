@@ -71,6 +71,8 @@ def run(args: argparse.Namespace) -> int:
         for rep, temperature, (_, message) in tqdm(jobs, desc="bench", unit="prompt"):
             sampling = SamplingParams(temperature=temperature, seed=rep)
             for scenario in scenarios:
+                if temperature and not _sampled(scenario, ks):
+                    continue  # sampled runs: target-only, default K and GenAI only (time)
                 samples[temperature].append(
                     scenario.run(message, args.max_new_tokens, sampling))
         rss = {role: _peak_rss_mb(p.proc.pid) for role, p in procs.items()}
@@ -93,6 +95,14 @@ def run(args: argparse.Namespace) -> int:
               f"{', '.join(bad)}", file=sys.stderr)
         return 1
     return 0
+
+
+def _sampled(scenario, ks) -> bool:
+    from specdec.bench.scenarios import GenAIScenario, SystemScenario
+
+    if isinstance(scenario, SystemScenario):
+        return scenario.k in (0, 4 if 4 in ks else ks[-1])
+    return isinstance(scenario, GenAIScenario) and scenario.mode != "lookup"
 
 
 def _scenarios(service, ks, peers, target_ir, draft_ir, hf, args, say):
