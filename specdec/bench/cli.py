@@ -156,8 +156,11 @@ def add_parser(sub) -> None:
                    help="comma-separated; 0 = greedy (default: %(default)s)")
     p.add_argument("--peers", default="inprocess,genai,hf",
                    help="comma-separated among inprocess, genai, hf (default: %(default)s)")
+    p.add_argument("--pin", dest="pin", action="store_true", default=True,
+                   help="run the draft and the target on separate CPUs (the default when "
+                        "there are two)")
     p.add_argument("--no-pin", dest="pin", action="store_false",
-                   help="do not pin draft and target to separate CPUs")
+                   help="let the draft and the target share all CPUs")
     p.add_argument("--threads", type=int, default=1,
                    help="threads per model service and per peer (default: %(default)s)")
     p.add_argument("--model", default="smollm2-135m", help="model (default: %(default)s)")
