@@ -104,8 +104,10 @@ def main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, _frame: stop.set())
-    log.info("coordinator service ready in %.1f s: draft=%s target=%s address=%s:%d",
-             time.perf_counter() - t0, cfg.draft or "(none)", cfg.target, cfg.host, cfg.port)
+    metrics = f" metrics-port={cfg.metrics_port}" if cfg.metrics_port > 0 else ""
+    log.info("coordinator service ready in %.1f s: draft=%s target=%s%s address=%s:%d",
+             time.perf_counter() - t0, cfg.draft or "(none)", cfg.target, metrics, cfg.host,
+             cfg.port)
     stop.wait()
     log.info("shutting down Serve and Ray")
     serve.shutdown()

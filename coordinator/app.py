@@ -8,6 +8,10 @@ The deployment is a thin shell: each method runs GenerationService's blocking
 generator one round at a time in a worker thread, maps domain errors to status codes
 through `grpc_context`, and on client cancellation closes the generator (which
 releases the draft and target sessions) once the round in flight has finished.
+
+With `metrics_port` > 0 each replica serves its loop's Prometheus metrics itself
+(specdec.metrics), on all interfaces like Serve's proxy; a port already taken (another
+replica on the same node) is a warning and the next of port+1 .. port+7 is tried.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from grpc_health.v1 import health_pb2
 from ray import serve
 
 from specdec.errors import grpc_status
+from specdec.metrics import PORT_TRIES, PrometheusLoopMetrics
 from specdec.v1 import generate_pb2
 
 log = logging.getLogger("coordinator")
@@ -29,6 +34,7 @@ SERVICER_FUNCTIONS = [
     "grpc_health.v1.health_pb2_grpc.add_HealthServicer_to_server",
 ]
 APP_NAME = "specdec"
+METRICS_HOST = "0.0.0.0"
 
 
 def _set_error(grpc_context, exc: BaseException) -> None:
@@ -37,6 +43,17 @@ def _set_error(grpc_context, exc: BaseException) -> None:
         log.exception("generation failed", exc_info=exc)
     grpc_context.set_code(code)
     grpc_context.set_details(message)
+
+
+def start_metrics(metrics_port: int, service) -> PrometheusLoopMetrics | None:
+    """Serve the metrics of `service`'s loop when metrics_port > 0; None when off."""
+    if metrics_port <= 0:
+        return None
+    metrics = PrometheusLoopMetrics()
+    port = metrics.serve(metrics_port, METRICS_HOST, tries=PORT_TRIES)
+    service.loop.metrics = metrics
+    log.info("coordinator replica serves metrics at http://%s:%d/metrics", METRICS_HOST, port)
+    return metrics
 
 
 async def _next_in_thread(iterator, pending: list):
@@ -63,7 +80,15 @@ class Coordinator:
         from coordinator.setup import build_service
 
         logging.basicConfig(level=config.get("log_level", "INFO"))
-        self.service = build_service(CoordinatorConfig(**config))
+        cfg = CoordinatorConfig(**config)
+        self.service = build_service(cfg)
+        self.metrics = start_metrics(cfg.metrics_port, self.service)
+
+    def __del__(self):
+        # Serve calls this when it retires the replica: free the metrics port.
+        metrics = getattr(self, "metrics", None)
+        if metrics is not None:
+            metrics.close()
 
     async def Generate(self, request, grpc_context=None):  # noqa: N802 - RPC name
         chunks = self.service.stream(request)

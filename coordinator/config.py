@@ -26,6 +26,7 @@ class CoordinatorConfig:
     min_replicas: int = 1
     max_replicas: int = 1
     target_ongoing_requests: float = 8.0
+    metrics_port: int = 0  # 0 = no metrics; each Serve replica serves its own
     log_level: str = "INFO"
 
     def to_dict(self) -> dict:
@@ -78,6 +79,11 @@ def parser() -> argparse.ArgumentParser:
                    help="Serve autoscaling: most coordinator replicas (default: %(default)s)")
     p.add_argument("--target-ongoing-requests", type=float, default=8.0,
                    help="Serve autoscaling: ongoing requests per replica to aim for "
+                        "(default: %(default)s)")
+    p.add_argument("--metrics-port", type=int, default=0,
+                   help="each coordinator replica serves Prometheus metrics at "
+                        "http://0.0.0.0:PORT/metrics (a replica finding it taken, e.g. a "
+                        "second one on the node, tries PORT+1 .. PORT+7); 0 = off "
                         "(default: %(default)s)")
     p.add_argument("--log-level", default="INFO",
                    choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="(default: %(default)s)")

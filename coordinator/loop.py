@@ -14,6 +14,10 @@ tries a draft again after a back-off (another replica if the first is down). A f
 target is replaced by another replica, which re-prefills from the committed ids and
 repeats the round with the same round seed; with none left the generation fails with
 UNAVAILABLE. Greedy output is the same with or without faults.
+
+Metrics: every count kept in LoopStats (per generation) is also reported, at the same
+place, to the loop's LoopMetrics (process-wide; a null object unless the coordinator
+serves --metrics-port), with round and RPC latencies and the generations running.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from coordinator.clients import DraftClient, Proposal, SyncRequest, TargetClient
 from coordinator.routing import Replica, Router
 from coordinator.session import CacheView, Committed
 from specdec.errors import InvalidArgument, ResourceExhausted, Unavailable
+from specdec.metrics import LoopMetrics
 from specdec.sampling import SamplingParams, derive_seed, generator
 from specdec.verify import Decision, TargetRound, TokenKind, decide
 
@@ -71,11 +76,13 @@ class RoundOutput:
 
 class SpeculativeLoop:
     def __init__(self, draft: Router | DraftClient | None, target: Router | TargetClient,
-                 top_n: int = 0, draft_backoff_s: float = 1.0):
+                 top_n: int = 0, draft_backoff_s: float = 1.0,
+                 metrics: LoopMetrics | None = None):
         self.draft = _as_router(draft, "draft") if draft is not None else None
         self.target = _as_router(target, "target")
         self.top_n = top_n
         self.draft_backoff_s = draft_backoff_s
+        self.metrics = metrics if metrics is not None else LoopMetrics()
 
     def rounds(
         self,
@@ -89,11 +96,15 @@ class SpeculativeLoop:
         """Run a generation round by round. Closing the iterator early (a stop string,
         a cancelled client) releases both sessions at once."""
         run = _Generation(self, list(prompt_ids), sampling, num_draft_tokens, stats)
+        metrics = run.metrics
+        metrics.generation_started()
         t0 = time.perf_counter()
         try:
             while True:
                 remaining = max_new_tokens - len(run.generated)
+                started = time.perf_counter()
                 decision = run.round(min(num_draft_tokens, remaining - 1))
+                metrics.round(time.perf_counter() - started)
                 tokens, kinds = decision.tokens[:remaining], decision.kinds[:remaining]
                 stop = next((i for i, t in enumerate(tokens) if t in eos_token_ids), None)
                 if stop is not None:
@@ -106,6 +117,7 @@ class SpeculativeLoop:
                 if reason:
                     return
         finally:
+            metrics.generation_finished()
             run.release()
             run.stats.seconds = time.perf_counter() - t0
 
@@ -146,6 +158,7 @@ class _Generation:
         self.uniforms = generator(sampling.seed, "uniforms")
         self.round_index = 0
         self.stats = stats if stats is not None else LoopStats()
+        self.metrics = loop.metrics
         self.stats.accepted_per_position = [0] * max(k, 0)
         self.meter = WireBytes()  # this generation's bytes on the wire
         self.touched: list[tuple[Router, Replica]] = []  # sessions to release at the end
@@ -181,6 +194,7 @@ class _Generation:
         log.warning("draft %s failed (%s: %s); decoding target-only for now",
                     self.draft.address, error.code().name, error.details())
         self.stats.draft_fallbacks += 1
+        self.metrics.draft_fallback()
         self.draft_failures += 1
         if error.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
             self.loop.draft.mark_failed(self.draft)
@@ -194,16 +208,27 @@ class _Generation:
         keep_len, keep_digest, new_tokens = view.plan(self.committed)
         return SyncRequest(self.session_id, keep_len, keep_digest, new_tokens)
 
-    def _call(self, view: CacheView, rpc: Callable[[SyncRequest], object]):
-        """Run rpc with the planned sync; on a resync error forget the view and retry once."""
+    def _call(self, view: CacheView, name: str, rpc: Callable[[SyncRequest], object]):
+        """Run rpc with the planned sync; on a resync error forget the view and retry once.
+
+        name ("propose" or "verify") labels its metrics."""
         try:
-            return rpc(self._sync(view))
+            return self._timed(name, rpc, self._sync(view))
         except grpc.RpcError as e:
             if e.code() not in RESYNC_CODES:
                 raise
             self.stats.resyncs += 1
+            self.metrics.resync(name)
             view.forget()
-            return rpc(self._sync(view))
+            return self._timed(name, rpc, self._sync(view))
+
+    def _timed(self, name: str, rpc: Callable[[SyncRequest], object], sync: SyncRequest):
+        """One RPC attempt, its latency reported whether it succeeds or fails."""
+        started = time.perf_counter()
+        try:
+            return rpc(sync)
+        finally:
+            self.metrics.rpc(name, time.perf_counter() - started)
 
     def _verify(self, drafts: list[int], proposal: Proposal | None,
                 round_seed: int) -> TargetRound:
@@ -218,10 +243,11 @@ class _Generation:
                          moved.address)
                 self.target, self.target_view = moved, CacheView()
                 self.stats.target_repins += 1
+                self.metrics.target_repin()
         while True:
             client: TargetClient = self.target.client
             try:
-                result, _ = self._call(self.target_view, lambda s, c=client: c.verify(
+                result, _ = self._call(self.target_view, "verify", lambda s, c=client: c.verify(
                     s, drafts, dists, self.sampling, round_seed, self.meter))
                 self.loop.target.mark_ok(self.target)
                 return result
@@ -242,6 +268,7 @@ class _Generation:
                         f"{', '.join(tried)}; last error {code.name}: {e.details()})"
                     ) from e
                 self.stats.target_repins += 1
+                self.metrics.target_repin()
                 self.target = replica
                 self.target_view = CacheView()
 
@@ -270,6 +297,7 @@ class _Generation:
         self.stats.rejections += decision.num_accepted < k
         for i in range(decision.num_accepted):
             self.stats.accepted_per_position[i] += 1
+        self.metrics.drafted(k, decision.num_accepted)
         return decision
 
     def _propose(self, k: int) -> Proposal | None:
@@ -278,7 +306,7 @@ class _Generation:
             return None
         client: DraftClient = replica.client
         try:
-            proposal = self._call(self.draft_view, lambda s: client.propose(
+            proposal = self._call(self.draft_view, "propose", lambda s: client.propose(
                 s, k, self.sampling, self.loop.top_n, self.meter))
         except grpc.RpcError as e:
             self._draft_failed(e)
@@ -291,6 +319,7 @@ class _Generation:
         self.committed.extend(tokens)
         self.generated.extend(tokens)
         self.kinds.extend(kinds)
+        self.metrics.generated(len(tokens))
 
     def release(self) -> None:
         """Free every session this generation opened; never hides its own outcome."""

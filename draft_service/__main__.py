@@ -8,14 +8,15 @@ from draft_service import server
 from draft_service.config import DraftConfig, from_args
 from draft_service.engine import DraftEngine
 from specdec.grpc_server import SpecdecServer, build_server
-from specdec.service_cli import load_cached_model, run
+from specdec.service_cli import load_cached_model, run, start_metrics
 
 
 def create(cfg: DraftConfig) -> tuple[SpecdecServer, int, DraftEngine]:
-    """Load the model and build the (not yet started) server."""
+    """Load the model, build the (not yet started) server, serve metrics if asked."""
     engine = DraftEngine(load_cached_model(cfg), cfg.max_draft_tokens, cfg.top_n)
     grpc_server, port = build_server(cfg.address, [server.service(engine)],
                                      max_workers=cfg.workers)
+    start_metrics("draft", cfg, engine.model)
     return grpc_server, port, engine
 
 

@@ -34,6 +34,7 @@ class ModelServiceConfig:
     threads: int = 0
     workers: int = 16
     grace: float = 5.0
+    metrics_port: int = 0  # 0 = no metrics
     log_level: str = "INFO"
 
     @property
@@ -96,6 +97,9 @@ def add_model_service_flags(p: argparse.ArgumentParser, default_port: int) -> No
     p.add_argument("--grace", type=float, default=5.0, metavar="SECONDS",
                    help="on SIGTERM/SIGINT, seconds in-flight RPCs get to finish "
                         "(default: %(default)s)")
+    p.add_argument("--metrics-port", type=int, default=0,
+                   help="serve Prometheus metrics at http://HOST:PORT/metrics, on --host; "
+                        "0 = off (default: %(default)s)")
     p.add_argument("--log-level", default="INFO",
                    choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="(default: %(default)s)")
 
@@ -154,12 +158,27 @@ def load_cached_model(cfg: ModelServiceConfig) -> CachedModel:
     return model
 
 
+def start_metrics(kind: str, cfg: ModelServiceConfig, model: CachedModel) -> None:
+    """--metrics-port > 0: report `model` ("draft" or "target") at /metrics on --host.
+
+    A taken port raises OSError (a start-up failure, like the gRPC port)."""
+    if cfg.metrics_port <= 0:
+        return
+    from specdec.metrics import PrometheusModelMetrics
+
+    metrics = PrometheusModelMetrics(kind, model.store)
+    metrics.serve(cfg.metrics_port, cfg.host)
+    model.metrics = metrics
+
+
 def log_start(kind: str, cfg: ModelServiceConfig, port: int, vocab_size: int) -> None:
     extra = "" if cfg.quantize == "none" else f" quantize={cfg.quantize}"
     if cfg.backend == "openvino":
         extra += f" weights={cfg.weights} kv={cfg.kv_cache_precision}"
     if cfg.cpus:
         extra += f" cpus={cfg.cpus}"
+    if cfg.metrics_port > 0:
+        extra += f" metrics-port={cfg.metrics_port}"
     device = cfg.device or ("CPU" if cfg.backend == "openvino" else "cpu")
     log.info("%s service ready: model=%s backend=%s device=%s%s vocab=%d address=%s:%d",
              kind, cfg.model, cfg.backend, device, extra, vocab_size, cfg.host, port)
@@ -180,5 +199,8 @@ def run(kind: str, cfg: ModelServiceConfig, create) -> int:
         log.error("cannot start the %s service: %s", kind, exc)
         return 2
     log_start(kind, cfg, port, engine.model.vocab_size)
-    serve_until_signal(server, cfg.grace)
+    try:
+        serve_until_signal(server, cfg.grace)
+    finally:
+        engine.model.metrics.close()
     return 0

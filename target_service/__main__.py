@@ -5,17 +5,18 @@ from __future__ import annotations
 import sys
 
 from specdec.grpc_server import SpecdecServer, build_server
-from specdec.service_cli import load_cached_model, run
+from specdec.service_cli import load_cached_model, run, start_metrics
 from target_service import server
 from target_service.config import TargetConfig, from_args
 from target_service.engine import TargetEngine
 
 
 def create(cfg: TargetConfig) -> tuple[SpecdecServer, int, TargetEngine]:
-    """Load the model and build the (not yet started) server."""
+    """Load the model, build the (not yet started) server, serve metrics if asked."""
     engine = TargetEngine(load_cached_model(cfg), cfg.max_draft_tokens)
     grpc_server, port = build_server(cfg.address, [server.service(engine)],
                                      max_workers=cfg.workers)
+    start_metrics("target", cfg, engine.model)
     return grpc_server, port, engine
 
 

@@ -96,11 +96,13 @@ class TargetEngine:
     def verify_batch(self, batch: list[VerifyArgs]) -> list[VerifyResult | SpecdecError]:
         """Verify several requests (sessions); each gets its result or its own error."""
         out: list[VerifyResult | SpecdecError] = []
-        for args in batch:
-            try:
-                out.append(self.verify(args))
-            except SpecdecError as e:
-                out.append(e)
+        # Counts the batch in flight (the HPA's load metric) until every request is done.
+        with self.model.metrics.verify_batch(len(batch)):
+            for args in batch:
+                try:
+                    out.append(self.verify(args))
+                except SpecdecError as e:
+                    out.append(e)
         return out
 
     def release(self, session_id: str) -> bool:

@@ -8,12 +8,14 @@ forward pass, and put it back, or drop it if anything failed.
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass, field
 
 import torch
 
 from specdec import digest as digests
 from specdec.errors import InvalidArgument, require
+from specdec.metrics import ModelMetrics
 from specdec.runtime.session import Session, SessionStore
 
 
@@ -56,6 +58,9 @@ class CachedModel:
         # One forward pass at a time: the model's compute is the bottleneck anyway, and
         # this keeps per-thread library state (e.g. torch's) out of the picture.
         self._compute = threading.Lock()
+        # Forward passes and tokens fed; the null object unless --metrics-port is set
+        # (service_cli.start_metrics).
+        self.metrics: ModelMetrics = ModelMetrics()
 
     def info(self, max_draft_tokens: int, default_top_n: int = 0) -> ServiceInfo:
         b = self.backend
@@ -95,13 +100,19 @@ class CachedModel:
         with self._compute:
             self.backend.crop(session.cache, args.keep_len)
             session.truncate(args.keep_len)
+            t0 = time.perf_counter()
             logits = self.backend.forward(session.cache, args.new_tokens, keep_last)
+            seconds = time.perf_counter() - t0
+        self.metrics.forward(seconds, len(args.new_tokens))
         session.append(args.new_tokens)
         return logits
 
     def step(self, session: Session, token: int) -> torch.Tensor:
         """Feed one more token; logits [V] of it."""
         with self._compute:
+            t0 = time.perf_counter()
             logits = self.backend.forward(session.cache, [token], 1)[0]
+            seconds = time.perf_counter() - t0
+        self.metrics.forward(seconds, 1)
         session.append([token])
         return logits

@@ -1,0 +1,282 @@
+"""Prometheus metrics of the model services and the coordinator (`--metrics-port`).
+
+Off by default (`--metrics-port 0`): engines, the session store's owner and the loop
+then hold the null objects `ModelMetrics` / `LoopMetrics`, whose methods do nothing, so
+code that builds engines or loops directly (tests, benchmarks) needs no registry. On,
+each process gets its own CollectorRegistry (never prometheus_client's global one:
+several services can share a test process) served as Prometheus text at
+http://HOST:PORT/metrics.
+
+Names: prefix `specdec_`, then the part (`draft_`, `target_`, `coordinator_`; the
+acceptance counters use vLLM's `spec_decode_` names), base units in the name
+(`_seconds`), `_total` on counters.
+
+Model services (`specdec_draft_*`; the target's are the same with `specdec_target_`):
+  live_sessions                      gauge      sessions (KV caches) held now
+  busy_sessions                      gauge      sessions a request is using now
+  cached_tokens                      gauge      KV positions held or reserved, all sessions
+  session_evictions_total{reason}    counter    reason=idle (TTL) | memory (KV budget)
+  released_sessions_total            counter    sessions freed by Release
+  forward_duration_seconds           histogram  one model forward pass (prefill or step)
+  tokens_fed_total                   counter    tokens fed through the model
+Target only:
+  specdec_target_verify_batch_size             histogram  requests per verify_batch call
+  specdec_target_inflight_verify_requests      gauge      Verify calls waiting on or running
+                                                          in the model (the HPA's metric)
+Coordinator (one registry per Serve replica):
+  specdec_spec_decode_num_drafts_total                      counter  rounds that drafted
+  specdec_spec_decode_num_draft_tokens_total                counter  tokens drafted
+  specdec_spec_decode_num_accepted_tokens_total             counter  drafts accepted
+  specdec_spec_decode_num_accepted_tokens_per_pos_total{position}  counter (0-based)
+  specdec_coordinator_round_duration_seconds                histogram  one round
+  specdec_coordinator_rpc_duration_seconds{rpc}             histogram  rpc=propose|verify,
+                                                                       every attempt
+  specdec_coordinator_active_generations                    gauge
+  specdec_coordinator_generated_tokens_total                counter
+  specdec_coordinator_draft_fallbacks_total                 counter  draft failures (the
+                                                      generation goes on target-only a while)
+  specdec_coordinator_resyncs_total{rpc}                    counter  re-prefills
+  specdec_coordinator_target_repins_total                   counter
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from specdec.runtime.session import SessionStore
+
+log = logging.getLogger(__name__)
+
+# 1 ms .. 2 s (+Inf): a tiny model's decode step up to a long CPU prefill.
+LATENCY_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0)
+ROUND_BUCKETS = LATENCY_BUCKETS + (5.0,)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+PORT_TRIES = 8  # a coordinator replica tries port, port+1, ..., port+7
+
+
+class _Exporter:
+    """A registry of its own and, once `serve` is called, the HTTP server exposing it."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.port = 0
+        self._httpd = None
+
+    def serve(self, port: int, host: str = "0.0.0.0", tries: int = 1) -> int:
+        """Serve /metrics on the first free port of port .. port+tries-1; returns it.
+
+        A taken port is a warning while others remain to try, then an OSError."""
+        host = host.strip("[]")  # "[::]" as in a gRPC address
+        for candidate in range(port, port + max(tries, 1)):
+            try:
+                self._httpd, _ = start_http_server(candidate, host, self.registry)
+            except OSError as exc:
+                if candidate + 1 >= port + max(tries, 1):
+                    raise OSError(f"cannot serve metrics on {host}:{candidate}: {exc}") from exc
+                log.warning("metrics port %s:%d is taken (%s); trying %d", host, candidate,
+                            exc, candidate + 1)
+                continue
+            self.port = candidate
+            return candidate
+        raise AssertionError("unreachable")
+
+    def close(self) -> None:
+        if self._httpd is not None:
+            self._httpd.shutdown()
+            self._httpd.server_close()
+            self._httpd = None
+
+
+# -- model services ----------------------------------------------------------------------
+
+
+class ModelMetrics:
+    """What a model service reports. This base reports nothing (metrics off)."""
+
+    enabled = False
+    port = 0
+
+    def forward(self, seconds: float, tokens: int) -> None:
+        """One forward pass that fed `tokens` tokens took `seconds`."""
+
+    def verify_batch(self, requests: int) -> contextlib.AbstractContextManager:
+        """Around one verify_batch call of `requests` requests."""
+        return contextlib.nullcontext()
+
+    def close(self) -> None:
+        pass
+
+
+class PrometheusModelMetrics(_Exporter, ModelMetrics):
+    enabled = True
+
+    def __init__(self, kind: str, store: SessionStore | None = None):
+        """kind: "draft" or "target"; store: whose session counts to report."""
+        _Exporter.__init__(self)
+        prefix = f"specdec_{kind}_"
+        r = self.registry
+        self.forward_seconds = Histogram(
+            prefix + "forward_duration_seconds",
+            "Duration of one model forward pass (a prefill or one decode step).",
+            buckets=LATENCY_BUCKETS, registry=r)
+        self.tokens_fed = Counter(prefix + "tokens_fed_total",
+                                  "Tokens fed through the model.", registry=r)
+        self.batch_size = self.inflight = None
+        if kind == "target":
+            self.batch_size = Histogram(
+                "specdec_target_verify_batch_size",
+                "Requests (sessions) per verify_batch call.", buckets=BATCH_BUCKETS,
+                registry=r)
+            self.inflight = Gauge(
+                "specdec_target_inflight_verify_requests",
+                "Verify requests waiting on or running in the model now.", registry=r)
+        if store is not None:
+            r.register(SessionStoreCollector(prefix, store))
+
+    def forward(self, seconds: float, tokens: int) -> None:
+        self.forward_seconds.observe(seconds)
+        self.tokens_fed.inc(tokens)
+
+    @contextlib.contextmanager
+    def verify_batch(self, requests: int) -> Iterator[None]:
+        self.batch_size.observe(requests)
+        self.inflight.inc(requests)
+        try:
+            yield
+        finally:
+            self.inflight.dec(requests)
+
+
+class SessionStoreCollector(Collector):
+    """The session store's own counts (SessionStore.stats), read at scrape time."""
+
+    def __init__(self, prefix: str, store: SessionStore):
+        self.prefix = prefix
+        self.store = store
+
+    def describe(self):
+        return list(self.collect())
+
+    def collect(self):
+        s = self.store.stats()
+        p = self.prefix
+        yield GaugeMetricFamily(p + "live_sessions", "Sessions (KV caches) held now.",
+                                value=s.live)
+        yield GaugeMetricFamily(p + "busy_sessions", "Sessions a request is using now.",
+                                value=s.checked_out)
+        yield GaugeMetricFamily(p + "cached_tokens",
+                                "KV-cache positions held or reserved over all sessions.",
+                                value=s.cached_tokens)
+        evictions = CounterMetricFamily(
+            p + "session_evictions", "Sessions evicted: idle past the TTL, or (memory) to "
+            "fit the KV-cache budget.", labels=["reason"])
+        evictions.add_metric(["idle"], s.evicted_idle)
+        evictions.add_metric(["memory"], s.evicted_for_memory)
+        yield evictions
+        yield CounterMetricFamily(p + "released_sessions", "Sessions freed by Release.",
+                                  value=s.released)
+
+
+# -- coordinator -------------------------------------------------------------------------
+
+
+class LoopMetrics:
+    """What the speculative loop reports. This base reports nothing (metrics off)."""
+
+    enabled = False
+    port = 0
+
+    def generation_started(self) -> None: ...
+    def generation_finished(self) -> None: ...
+    def round(self, seconds: float) -> None: ...
+    def rpc(self, rpc: str, seconds: float) -> None: ...
+    def drafted(self, num_draft: int, num_accepted: int) -> None: ...
+    def generated(self, tokens: int) -> None: ...
+    def resync(self, rpc: str) -> None: ...
+    def draft_fallback(self) -> None: ...
+    def target_repin(self) -> None: ...
+
+    def close(self) -> None:
+        pass
+
+
+class PrometheusLoopMetrics(_Exporter, LoopMetrics):
+    enabled = True
+
+    def __init__(self) -> None:
+        _Exporter.__init__(self)
+        r = self.registry
+        self.num_drafts = Counter("specdec_spec_decode_num_drafts_total",
+                                  "Rounds that drafted tokens.", registry=r)
+        self.num_draft_tokens = Counter("specdec_spec_decode_num_draft_tokens_total",
+                                        "Draft tokens proposed and verified.", registry=r)
+        self.num_accepted = Counter("specdec_spec_decode_num_accepted_tokens_total",
+                                    "Draft tokens accepted.", registry=r)
+        self.accepted_per_pos = Counter(
+            "specdec_spec_decode_num_accepted_tokens_per_pos_total",
+            "Draft tokens accepted, by position in the round (0 = first draft).",
+            ["position"], registry=r)
+        self.round_seconds = Histogram(
+            "specdec_coordinator_round_duration_seconds",
+            "Duration of one round (propose, verify, decide).", buckets=ROUND_BUCKETS,
+            registry=r)
+        self.rpc_seconds = Histogram(
+            "specdec_coordinator_rpc_duration_seconds",
+            "Duration of one Propose or Verify attempt, as the coordinator sees it.",
+            ["rpc"], buckets=LATENCY_BUCKETS, registry=r)
+        self.active = Gauge("specdec_coordinator_active_generations",
+                            "Generations running now.", registry=r)
+        self.generated_tokens = Counter("specdec_coordinator_generated_tokens_total",
+                                        "Tokens generated (committed).", registry=r)
+        self.draft_fallbacks = Counter(
+            "specdec_coordinator_draft_fallbacks_total",
+            "Draft failures; each sends its generation to target-only decoding for a "
+            "back-off.", registry=r)
+        self.resyncs = Counter(
+            "specdec_coordinator_resyncs_total",
+            "Re-prefills after FAILED_PRECONDITION or NOT_FOUND.", ["rpc"], registry=r)
+        self.target_repins = Counter("specdec_coordinator_target_repins_total",
+                                     "Generations moved to another target replica.",
+                                     registry=r)
+        for rpc in ("propose", "verify"):  # exported at 0 from the start
+            self.rpc_seconds.labels(rpc)
+            self.resyncs.labels(rpc)
+
+    def generation_started(self) -> None:
+        self.active.inc()
+
+    def generation_finished(self) -> None:
+        self.active.dec()
+
+    def round(self, seconds: float) -> None:
+        self.round_seconds.observe(seconds)
+
+    def rpc(self, rpc: str, seconds: float) -> None:
+        self.rpc_seconds.labels(rpc).observe(seconds)
+
+    def drafted(self, num_draft: int, num_accepted: int) -> None:
+        self.num_drafts.inc()
+        self.num_draft_tokens.inc(num_draft)
+        self.num_accepted.inc(num_accepted)
+        for i in range(num_accepted):
+            self.accepted_per_pos.labels(str(i)).inc()
+
+    def generated(self, tokens: int) -> None:
+        self.generated_tokens.inc(tokens)
+
+    def resync(self, rpc: str) -> None:
+        self.resyncs.labels(rpc).inc()
+
+    def draft_fallback(self) -> None:
+        self.draft_fallbacks.inc()
+
+    def target_repin(self) -> None:
+        self.target_repins.inc()
