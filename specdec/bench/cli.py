@@ -33,6 +33,7 @@ def run(args: argparse.Namespace) -> int:
     from coordinator.config import CoordinatorConfig
     from coordinator.setup import build_service
     from specdec import launcher
+    from specdec.bench.scenarios import SystemScenario
     from specdec.prepare import prepare_smollm2
     from specdec.runtime.openvino_export import export
     from specdec.stack import DRAFT_ARGS, TARGET_ARGS
@@ -67,21 +68,30 @@ def run(args: argparse.Namespace) -> int:
                                                   draft=procs["draft"].address))
         scenarios = _scenarios(service, ks, peers, target_ir, draft_ir, hf, args, say)
         samples: dict[float, list] = {t: [] for t in temps}
+        failed: dict[str, str] = {}  # "scenario @ temperature" -> error (a peer's, not ours)
         jobs = [(rep, t, m) for rep in range(args.repeats) for t in temps for m in messages]
         for rep, temperature, (_, message) in tqdm(jobs, desc="bench", unit="prompt"):
             sampling = SamplingParams(temperature=temperature, seed=rep)
             for scenario in scenarios:
-                if temperature and not _sampled(scenario, ks):
+                key = f"{scenario.name} @ temperature {temperature}"
+                if (temperature and not _sampled(scenario, ks)) or key in failed:
                     continue  # sampled runs: target-only, default K and GenAI only (time)
-                samples[temperature].append(
-                    scenario.run(message, args.max_new_tokens, sampling))
+                try:
+                    samples[temperature].append(
+                        scenario.run(message, args.max_new_tokens, sampling))
+                except Exception as exc:  # noqa: BLE001 - a peer's failure is a finding
+                    if not isinstance(scenario, SystemScenario):
+                        failed[key] = f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
+                        say(f"note: {key} failed and is skipped from now on: {failed[key]}")
+                        continue
+                    raise
         rss = {role: _peak_rss_mb(p.proc.pid) for role, p in procs.items()}
     rows = [r for t in temps for r in report.summarise(samples[t], t)]
     meta = {"machine": machine(), "model": f"{args.model} (OpenVINO fp32 target, int8 draft)",
             "prompts": len(messages), "max_new_tokens": args.max_new_tokens,
             "repeats": args.repeats, "pinned": pin, "threads_per_service": args.threads,
             "command": " ".join(sys.argv), "date": time.strftime("%Y-%m-%d"),
-            "peak_rss_mb": rss}
+            "peak_rss_mb": rss, "failed": failed}
     md = report.markdown(rows, meta)
     (out_dir / "bench.md").write_text(md)
     report.write_json(out_dir / "bench.json", rows, meta)

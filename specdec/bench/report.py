@@ -141,6 +141,8 @@ def markdown(rows: list[Row], meta: dict) -> str:
                 f"{_fmt(r.coordinator_overhead_ms_per_round, '.1f')} | "
                 f"{'-' if r.exact is None else ('yes' if r.exact else 'NO')} |")
         out.append("")
+    for key, error in (meta.get("failed") or {}).items():
+        out.append(f"Failed and skipped: {key}: {error}")
     if meta.get("peak_rss_mb"):
         out.append("Peak RSS: " + ", ".join(f"{k} {v:.0f} MB"
                                             for k, v in meta["peak_rss_mb"].items()))
