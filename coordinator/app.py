@@ -23,6 +23,7 @@ import grpc
 from grpc_health.v1 import health_pb2
 from ray import serve
 
+from coordinator.generation import add_chunk
 from specdec.errors import grpc_status
 from specdec.metrics import PORT_TRIES, PrometheusLoopMetrics
 from specdec.v1 import generate_pb2
@@ -96,12 +97,7 @@ class Coordinator:
         response = generate_pb2.GenerateResponse()
         try:
             while (chunk := await _next_in_thread(chunks, pending)) is not None:
-                response.text += chunk.text
-                response.token_ids.extend(chunk.token_ids)
-                response.kinds.extend(chunk.kinds)
-                if chunk.finish_reason:
-                    response.finish_reason = chunk.finish_reason
-                    response.stats.CopyFrom(chunk.stats)
+                add_chunk(response, chunk)
             return response
         except Exception as exc:  # noqa: BLE001 - every failure gets a status code
             _set_error(grpc_context, exc)

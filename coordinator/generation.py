@@ -154,12 +154,7 @@ class GenerationService:
     def generate(self, req: generate_pb2.GenerateRequest) -> generate_pb2.GenerateResponse:
         resp = generate_pb2.GenerateResponse()
         for chunk in self.stream(req):
-            resp.text += chunk.text
-            resp.token_ids.extend(chunk.token_ids)
-            resp.kinds.extend(chunk.kinds)
-            if chunk.finish_reason:
-                resp.finish_reason = chunk.finish_reason
-                resp.stats.CopyFrom(chunk.stats)
+            add_chunk(resp, chunk)
         return resp
 
     @staticmethod
@@ -169,3 +164,13 @@ class GenerationService:
             drafted_tokens=s.drafted_tokens, accepted_tokens=s.accepted_tokens,
             seconds=s.seconds if math.isfinite(s.seconds) else 0.0,
         )
+
+
+def add_chunk(resp: generate_pb2.GenerateResponse, chunk: generate_pb2.GenerateChunk) -> None:
+    """Fold one streamed chunk into a unary response (the last brings reason and stats)."""
+    resp.text += chunk.text
+    resp.token_ids.extend(chunk.token_ids)
+    resp.kinds.extend(chunk.kinds)
+    if chunk.finish_reason:
+        resp.finish_reason = chunk.finish_reason
+        resp.stats.CopyFrom(chunk.stats)
