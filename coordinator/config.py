@@ -16,6 +16,7 @@ class CoordinatorConfig:
     port: int = DEFAULT_PORT
     model: str = ""  # tokenizer source; "" = the target's model_id
     k: int = 4
+    pipeline: bool = False
     top_n: int = 0
     max_new_tokens_cap: int = 4096
     max_concurrency: int = 32
@@ -55,6 +56,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--k", type=int, default=4,
                    help="draft tokens per round when a request does not say (default: "
                         "%(default)s)")
+    p.add_argument("--pipeline", action="store_true",
+                   help="pipelined drafting: while the target verifies round r, the draft "
+                        "drafts round r+1 assuming all K are accepted (the draft proposes K+1; "
+                        "the last is its guess of the bonus). Same output, overlapped rounds")
     p.add_argument("--top-n", type=int, default=0,
                    help="size of the sparse draft distribution per token; 0 = the draft's "
                         "default (default: %(default)s)")

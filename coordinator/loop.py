@@ -26,6 +26,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import grpc
@@ -53,6 +54,8 @@ class LoopStats:
     resyncs: int = 0  # re-prefills after FAILED_PRECONDITION / NOT_FOUND
     draft_fallbacks: int = 0  # rounds decoded target-only because the draft failed
     target_repins: int = 0
+    pipelined_rounds: int = 0  # rounds whose drafts were pre-drafted during the last Verify
+    predrafts_wasted: int = 0  # pre-drafts thrown away (a rejection or another bonus)
     bytes_sent: int = 0
     bytes_received: int = 0
     seconds: float = 0.0
@@ -77,7 +80,12 @@ class RoundOutput:
 class SpeculativeLoop:
     def __init__(self, draft: Router | DraftClient | None, target: Router | TargetClient,
                  top_n: int = 0, draft_backoff_s: float = 1.0,
-                 metrics: LoopMetrics | None = None):
+                 metrics: LoopMetrics | None = None, pipeline: bool = False,
+                 max_propose: int = 16):
+        self.pipeline = pipeline
+        self.max_propose = max_propose  # the draft's max_draft_tokens (K+1 when pipelining)
+        self._executor = ThreadPoolExecutor(max_workers=8, thread_name_prefix="predraft") \
+            if pipeline else None
         self.draft = _as_router(draft, "draft") if draft is not None else None
         self.target = _as_router(target, "target")
         self.top_n = top_n
@@ -170,6 +178,8 @@ class _Generation:
         self.draft_view = CacheView()
         self.draft_retry_at = 0.0
         self.draft_failures = 0
+        # A pre-draft in flight: (future, the committed ids it assumed, its K).
+        self.pending: tuple[Future, list[int], int] | None = None
 
     # -- replicas ----------------------------------------------------------------------
 
@@ -281,7 +291,16 @@ class _Generation:
         round_seed = derive_seed(self.sampling.seed, "round", self.round_index)
         # Always draw K uniforms, so the random stream does not depend on outcomes.
         u = torch.rand(max(k, 0), generator=self.uniforms, dtype=torch.float64).tolist()
-        proposal = self._propose(k) if k > 0 else None
+        pipelining = self.loop.pipeline and 0 < k < self.loop.max_propose
+        proposal = self._take_predraft(k)
+        if proposal is None and k > 0:
+            proposal = self._propose(k + 1 if pipelining else k)
+        if proposal is not None and pipelining and len(proposal.tokens) > k:
+            # Assume all K accepted and the bonus equals the draft's own K+1-th token:
+            # draft round r+1 on the draft's core while the target verifies round r.
+            guess = proposal.tokens[k]
+            proposal = Proposal(proposal.tokens[:k], proposal.dists[:k], proposal.cached_len)
+            self._start_predraft(committed + proposal.tokens + [guess], k)
         if proposal is None:
             result = self._verify([], None, round_seed)
             self.target_view.holds(committed)
@@ -299,6 +318,44 @@ class _Generation:
             self.stats.accepted_per_position[i] += 1
         self.metrics.drafted(k, decision.num_accepted)
         return decision
+
+    def _take_predraft(self, k: int) -> Proposal | None:
+        """The pre-draft for this round if its assumption held; always collects it (the
+        draft session is busy until it returns) and records what the draft now holds."""
+        if self.pending is None:
+            return None
+        future, assumed, pk = self.pending
+        self.pending = None
+        try:
+            proposal, view_tokens = future.result()
+        except grpc.RpcError as e:
+            self.draft_view.forget()
+            if self.draft is not None:
+                self._draft_failed(e)
+            return None
+        self.draft_view.holds(view_tokens)
+        if assumed == self.committed.tokens and pk == k and len(proposal.tokens) > k:
+            self.stats.pipelined_rounds += 1
+            return proposal
+        self.stats.predrafts_wasted += 1
+        return None
+
+    def _start_predraft(self, assumed_tokens: list[int], k: int) -> None:
+        replica = self.draft
+        if replica is None:
+            return
+        assumed = self.committed.extended(assumed_tokens[len(self.committed):])
+        view = CacheView()
+        view.holds(self.draft_view.tokens)
+        client: DraftClient = replica.client
+
+        def predraft():
+            keep_len, keep_digest, new_tokens = view.plan(assumed)
+            sync = SyncRequest(self.session_id, keep_len, keep_digest, new_tokens)
+            proposal = client.propose(sync, k + 1, self.sampling, self.loop.top_n, self.meter)
+            return proposal, assumed.tokens + proposal.tokens[:-1]
+
+        self.pending = (self.loop._executor.submit(predraft), assumed_tokens, k)
 
     def _propose(self, k: int) -> Proposal | None:
         replica = self._draft_replica()
@@ -323,6 +380,13 @@ class _Generation:
 
     def release(self) -> None:
         """Free every session this generation opened; never hides its own outcome."""
+        if self.pending is not None:  # let a pre-draft finish before releasing its session
+            try:
+                self.pending[0].result()
+            except grpc.RpcError:
+                pass
+            self.stats.predrafts_wasted += 1
+            self.pending = None
         for router, replica in self.touched:
             try:
                 replica.client.release(self.session_id)

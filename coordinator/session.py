@@ -26,6 +26,13 @@ class Committed:
     def __len__(self) -> int:
         return len(self.tokens)
 
+    def extended(self, tokens: list[int]) -> Committed:
+        """A copy with `tokens` appended (the original is unchanged)."""
+        other = Committed([])
+        other.tokens, other.prefix = list(self.tokens), list(self.prefix)
+        other.extend(tokens)
+        return other
+
 
 class CacheView:
     """The token ids a service's session cache holds, as far as the coordinator knows."""
