@@ -151,7 +151,8 @@ def stack_config(args: argparse.Namespace):
                        StackConfig.target_args, k=args.k_default,
                        port=args.port, draft_port=args.draft_port,
                        target_port=args.target_port, threads=args.threads,
-                       pin=not args.no_pin, no_draft=args.no_draft)
+                       pin=not args.no_pin, no_draft=args.no_draft,
+                       pipeline=not args.no_pipeline)
 
 
 def add_stack_flags(p: argparse.ArgumentParser) -> None:
@@ -168,6 +169,8 @@ def add_stack_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target-arg", action="append", metavar="FLAG",
                    help="flag for the target service, repeatable; replaces the default "
                         f"{' '.join(d.target_args)}")
+    p.add_argument("--no-pipeline", action="store_true",
+                   help="sequential rounds instead of pipelined drafting")
     p.add_argument("--no-pin", action="store_true",
                    help="do not pin the draft and the target to separate CPUs")
     p.add_argument("--no-draft", action="store_true", help="start no draft (target only)")

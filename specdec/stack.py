@@ -30,6 +30,7 @@ class StackConfig:
     port: int = 50050
     threads: int = 1  # threads per model service; 0 = the runtime's default
     pin: bool = True  # draft on CPU 0, target on CPU 1 (when the machine has two)
+    pipeline: bool = True  # pipelined drafting in the coordinator
     no_draft: bool = False
 
 
@@ -67,6 +68,8 @@ def start(cfg: StackConfig, stack: ExitStack, echo: bool = False) -> Stack:
             "--model", cfg.draft_model, "--port", str(cfg.draft_port), *threads,
             *(["--cpus", str(cpus[0])] if pin else []), *cfg.draft_args])
     coord_args = ["--target", target.address, "--port", str(cfg.port), "--k", str(cfg.k)]
+    if cfg.pipeline:
+        coord_args.append("--pipeline")
     if draft:
         coord_args += ["--draft", draft.address]
     coordinator = run("coordinator (Ray Serve)", "coordinator", coord_args)

@@ -67,6 +67,10 @@ def run(args: argparse.Namespace) -> int:
         service = build_service(CoordinatorConfig(target=procs["target"].address,
                                                   draft=procs["draft"].address))
         scenarios = _scenarios(service, ks, peers, target_ir, draft_ir, hf, args, say)
+        piped = build_service(CoordinatorConfig(target=procs["target"].address,
+                                                draft=procs["draft"].address, pipeline=True))
+        k_pipe = 4 if 4 in ks else ks[-1]
+        scenarios.insert(len(ks) + 1, SystemScenario(piped, k_pipe, " pipelined"))
         samples: dict[float, list] = {t: [] for t in temps}
         failed: dict[str, str] = {}  # "scenario @ temperature" -> error (a peer's, not ours)
         jobs = [(rep, t, m) for rep in range(args.repeats) for t in temps for m in messages]

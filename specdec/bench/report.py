@@ -161,7 +161,8 @@ def plots(rows: list[Row], out_dir: Path) -> list[Path]:
 
     files = []
     greedy = [r for r in rows if r.temperature == 0]
-    spec = sorted([r for r in greedy if r.k and r.speedup is not None and r.alpha is not None],
+    spec = sorted([r for r in greedy if r.k and r.speedup is not None and r.alpha is not None
+                   and "pipelined" not in r.scenario],
                   key=lambda r: r.k)
     if spec:
         fig, ax = plt.subplots(figsize=(6, 4))

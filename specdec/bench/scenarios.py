@@ -44,9 +44,9 @@ def chat_text(tokenizer, message: str) -> str:
 class SystemScenario:
     """Through the real services; `k` = 0 is target-only on the same target."""
 
-    def __init__(self, service, k: int):
+    def __init__(self, service, k: int, label: str = ""):
         self.service, self.k = service, k
-        self.name = "target-only (system, K=0)" if k == 0 else f"specdec K={k}"
+        self.name = "target-only (system, K=0)" if k == 0 else f"specdec K={k}{label}"
 
     def _calls(self):
         loop = self.service.loop
