@@ -163,6 +163,7 @@ class GenerationService:
             prompt_tokens=len(plan.prompt_ids), generated_tokens=generated, rounds=s.rounds,
             drafted_tokens=s.drafted_tokens, accepted_tokens=s.accepted_tokens,
             seconds=s.seconds if math.isfinite(s.seconds) else 0.0,
+            pipelined_rounds=s.pipelined_rounds, predrafts_wasted=s.predrafts_wasted,
         )
 
 

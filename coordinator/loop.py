@@ -336,8 +336,10 @@ class _Generation:
         self.draft_view.holds(view_tokens)
         if assumed == self.committed.tokens and pk == k and len(proposal.tokens) > k:
             self.stats.pipelined_rounds += 1
+            self.metrics.predraft(used=True)
             return proposal
         self.stats.predrafts_wasted += 1
+        self.metrics.predraft(used=False)
         return None
 
     def _start_predraft(self, assumed_tokens: list[int], k: int) -> None:
@@ -386,6 +388,7 @@ class _Generation:
             except grpc.RpcError:
                 pass
             self.stats.predrafts_wasted += 1
+            self.metrics.predraft(used=False)
             self.pending = None
         for router, replica in self.touched:
             try:

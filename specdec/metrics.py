@@ -203,6 +203,7 @@ class LoopMetrics:
     def resync(self, rpc: str) -> None: ...
     def draft_fallback(self) -> None: ...
     def target_repin(self) -> None: ...
+    def predraft(self, used: bool) -> None: ...
 
     def close(self) -> None:
         pass
@@ -246,6 +247,12 @@ class PrometheusLoopMetrics(_Exporter, LoopMetrics):
         self.target_repins = Counter("specdec_coordinator_target_repins_total",
                                      "Generations moved to another target replica.",
                                      registry=r)
+        self.predrafts = Counter(
+            "specdec_coordinator_predrafts_total",
+            "Pipelined pre-drafts, by outcome: used (the round's drafts were ready when "
+            "Verify returned) or wasted.", ["outcome"], registry=r)
+        for outcome in ("used", "wasted"):
+            self.predrafts.labels(outcome)
         for rpc in ("propose", "verify"):  # exported at 0 from the start
             self.rpc_seconds.labels(rpc)
             self.resyncs.labels(rpc)
@@ -280,3 +287,6 @@ class PrometheusLoopMetrics(_Exporter, LoopMetrics):
 
     def target_repin(self) -> None:
         self.target_repins.inc()
+
+    def predraft(self, used: bool) -> None:
+        self.predrafts.labels("used" if used else "wasted").inc()
