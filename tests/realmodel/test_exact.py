@@ -40,7 +40,8 @@ def service(prepared, request):
     target.start()
     draft.start()
     yield build_service(CoordinatorConfig(draft=f"127.0.0.1:{dport}",
-                                          target=f"127.0.0.1:{tport}"))
+                                          target=f"127.0.0.1:{tport}",
+                                          pipeline=request.param == "openvino"))
     draft.stop(0)
     target.stop(0)
 
@@ -58,3 +59,8 @@ def test_greedy_k4_equals_target_only(service, prompt):
     assert list(spec.token_ids) == list(base.token_ids)
     assert spec.text == base.text and spec.text.strip()
     assert spec.stats.accepted_tokens > 0
+    # The OpenVINO pair runs with pipelined drafting (the default of `specdec up`).
+    if service.loop.pipeline and len(spec.token_ids) >= 12:
+        assert spec.stats.pipelined_rounds > 0
+    if not service.loop.pipeline:
+        assert spec.stats.pipelined_rounds == spec.stats.predrafts_wasted == 0
