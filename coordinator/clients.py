@@ -6,6 +6,7 @@ Wire sizes of requests and replies are counted, so the loop can report bytes per
 
 from __future__ import annotations
 
+import random
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -65,14 +66,26 @@ class WireBytes:
 
 
 class _ModelServiceClient:
-    """Info and Release, common to both model services."""
+    """Info and Release, common to both model services.
+
+    `inject_rtt_s` (plus up to `jitter_s` at random) emulates a service on another host:
+    half of it is slept before a Propose/Verify and half after. Timing only: outputs
+    never depend on it."""
 
     stub_class: type
 
-    def __init__(self, channel: grpc.Channel, deadline_s: float = DEFAULT_DEADLINE_S):
+    def __init__(self, channel: grpc.Channel, deadline_s: float = DEFAULT_DEADLINE_S,
+                 inject_rtt_s: float = 0.0, jitter_s: float = 0.0):
         self.stub = self.stub_class(channel)
         self.deadline_s = deadline_s
         self.bytes = WireBytes()
+        self.inject_rtt_s, self.jitter_s = inject_rtt_s, jitter_s
+        self._jitter = random.Random()
+
+    def _network(self) -> None:
+        """Half a round trip of injected latency (no-op by default)."""
+        if self.inject_rtt_s or self.jitter_s:
+            time.sleep((self.inject_rtt_s + self._jitter.uniform(0, self.jitter_s)) / 2)
 
     def info(self) -> common_pb2.ModelInfo:
         return self.stub.Info(common_pb2.InfoRequest(), timeout=self.deadline_s)
@@ -93,7 +106,9 @@ class DraftClient(_ModelServiceClient):
             sampling=wire.sampling_to_proto(sampling), top_n=top_n,
         )
         started = time.perf_counter()
+        self._network()
         resp = self.stub.Propose(req, timeout=self.deadline_s)
+        self._network()
         self.bytes.add(req, resp, started)
         if meter is not None:
             meter.add(req, resp, started)
@@ -113,7 +128,9 @@ class TargetClient(_ModelServiceClient):
             round_seed=round_seed,
         )
         started = time.perf_counter()
+        self._network()
         resp = self.stub.Verify(req, timeout=self.deadline_s)
+        self._network()
         self.bytes.add(req, resp, started)
         if meter is not None:
             meter.add(req, resp, started)

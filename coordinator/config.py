@@ -17,6 +17,8 @@ class CoordinatorConfig:
     model: str = ""  # tokenizer source; "" = the target's model_id
     k: int = 4
     pipeline: bool = False
+    inject_rtt_ms: float = 0.0
+    inject_jitter_ms: float = 0.0
     top_n: int = 0
     max_new_tokens_cap: int = 4096
     max_concurrency: int = 32
@@ -60,6 +62,13 @@ def parser() -> argparse.ArgumentParser:
                    help="pipelined drafting: while the target verifies round r, the draft "
                         "drafts round r+1 assuming all K are accepted (the draft proposes K+1; "
                         "the last is its guess of the bonus). Same output, overlapped rounds")
+    p.add_argument("--inject-rtt-ms", type=float, default=0.0,
+                   help="emulate draft and target on other hosts: add this round-trip time "
+                        "to every Propose and Verify (testing and benchmarks) "
+                        "(default: %(default)s)")
+    p.add_argument("--inject-jitter-ms", type=float, default=0.0,
+                   help="plus up to this much random extra round-trip time "
+                        "(default: %(default)s)")
     p.add_argument("--top-n", type=int, default=0,
                    help="size of the sparse draft distribution per token; 0 = the draft's "
                         "default (default: %(default)s)")

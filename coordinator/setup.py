@@ -65,11 +65,13 @@ def load_tokenizer(name: str, expected_digest: str):
 
 
 def build_service(cfg: CoordinatorConfig) -> GenerationService:
+    rtt, jitter = cfg.inject_rtt_ms / 1000, cfg.inject_jitter_ms / 1000
+
     def target_client(channel):
-        return TargetClient(channel, cfg.rpc_deadline)
+        return TargetClient(channel, cfg.rpc_deadline, rtt, jitter)
 
     def draft_client(channel):
-        return DraftClient(channel, cfg.rpc_deadline)
+        return DraftClient(channel, cfg.rpc_deadline, rtt, jitter)
 
     target = Router(address_source(cfg.target), target_client)
     draft = Router(address_source(cfg.draft), draft_client) if cfg.draft.strip() else None
