@@ -17,6 +17,7 @@ class CoordinatorConfig:
     model: str = ""  # tokenizer source; "" = the target's model_id
     k: int = 4
     pipeline: bool = False
+    adaptive_k: bool = False
     inject_rtt_ms: float = 0.0
     inject_jitter_ms: float = 0.0
     top_n: int = 0
@@ -62,6 +63,10 @@ def parser() -> argparse.ArgumentParser:
                    help="pipelined drafting: while the target verifies round r, the draft "
                         "drafts round r+1 assuming all K are accepted (the draft proposes K+1; "
                         "the last is its guess of the bonus). Same output, overlapped rounds")
+    p.add_argument("--adaptive-k", action="store_true",
+                   help="choose K each round from measured acceptance and draft/verify "
+                        "latency (a request's K is the starting point); greedy output is "
+                        "unchanged, sampled output then depends on timing")
     p.add_argument("--inject-rtt-ms", type=float, default=0.0,
                    help="emulate draft and target on other hosts: add this round-trip time "
                         "to every Propose and Verify (testing and benchmarks) "

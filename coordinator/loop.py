@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 import grpc
 import torch
 
+from coordinator.adaptive import AdaptiveK
 from coordinator.clients import DraftClient, Proposal, SyncRequest, TargetClient, WireBytes
 from coordinator.routing import Replica, Router
 from coordinator.session import CacheView, Committed
@@ -54,6 +55,7 @@ class LoopStats:
     resyncs: int = 0  # re-prefills after FAILED_PRECONDITION / NOT_FOUND
     draft_fallbacks: int = 0  # rounds decoded target-only because the draft failed
     target_repins: int = 0
+    k_per_round: list[int] = field(default_factory=list)  # the K each round used
     pipelined_rounds: int = 0  # rounds whose drafts were pre-drafted during the last Verify
     predrafts_wasted: int = 0  # pre-drafts thrown away (a rejection or another bonus)
     bytes_sent: int = 0
@@ -81,8 +83,9 @@ class SpeculativeLoop:
     def __init__(self, draft: Router | DraftClient | None, target: Router | TargetClient,
                  top_n: int = 0, draft_backoff_s: float = 1.0,
                  metrics: LoopMetrics | None = None, pipeline: bool = False,
-                 max_propose: int = 16):
+                 max_propose: int = 16, adaptive: bool = False):
         self.pipeline = pipeline
+        self.adaptive = adaptive  # choose K per round (coordinator.adaptive); K = the start
         self.max_propose = max_propose  # the draft's max_draft_tokens (K+1 when pipelining)
         self._executor = ThreadPoolExecutor(max_workers=8, thread_name_prefix="predraft") \
             if pipeline else None
@@ -103,7 +106,11 @@ class SpeculativeLoop:
     ) -> Iterator[RoundOutput]:
         """Run a generation round by round. Closing the iterator early (a stop string,
         a cancelled client) releases both sessions at once."""
-        run = _Generation(self, list(prompt_ids), sampling, num_draft_tokens, stats)
+        k_max = self.max_propose - (1 if self.pipeline else 0)
+        adaptive = AdaptiveK(max(1, k_max), num_draft_tokens, self.pipeline) \
+            if self.adaptive and num_draft_tokens > 0 and self.draft is not None else None
+        run = _Generation(self, list(prompt_ids), sampling,
+                          max(num_draft_tokens, k_max if adaptive else 0), stats)
         metrics = run.metrics
         metrics.generation_started()
         t0 = time.perf_counter()
@@ -111,8 +118,14 @@ class SpeculativeLoop:
             while True:
                 remaining = max_new_tokens - len(run.generated)
                 started = time.perf_counter()
-                decision = run.round(min(num_draft_tokens, remaining - 1))
+                k = min(adaptive.k if adaptive else num_draft_tokens, remaining - 1)
+                decision = run.round(k)
                 metrics.round(time.perf_counter() - started)
+                run.stats.k_per_round.append(max(k, 0))
+                if adaptive is not None and run.last_verify_s is not None:
+                    rejected = any(kind == TokenKind.RECOVERED for kind in decision.kinds)
+                    adaptive.observe(run.last_k, decision.num_accepted, rejected,
+                                     run.last_propose_s, run.last_verify_s)
                 tokens, kinds = decision.tokens[:remaining], decision.kinds[:remaining]
                 stop = next((i for i, t in enumerate(tokens) if t in eos_token_ids), None)
                 if stop is not None:
@@ -178,6 +191,8 @@ class _Generation:
         self.draft_view = CacheView()
         self.draft_retry_at = 0.0
         self.draft_failures = 0
+        # Latencies of the last round, for adaptive K (propose None when pre-drafted).
+        self.last_k, self.last_propose_s, self.last_verify_s = 0, None, None
         # A pre-draft in flight: (future, the committed ids it assumed, its K).
         self.pending: tuple[Future, list[int], int] | None = None
 
@@ -293,21 +308,28 @@ class _Generation:
         u = torch.rand(max(k, 0), generator=self.uniforms, dtype=torch.float64).tolist()
         pipelining = self.loop.pipeline and 0 < k < self.loop.max_propose
         proposal = self._take_predraft(k)
+        self.last_propose_s = None
         if proposal is None and k > 0:
+            t0 = time.perf_counter()
             proposal = self._propose(k + 1 if pipelining else k)
+            self.last_propose_s = time.perf_counter() - t0 if proposal is not None else None
         if proposal is not None and pipelining and len(proposal.tokens) > k:
             # Assume all K accepted and the bonus equals the draft's own K+1-th token:
             # draft round r+1 on the draft's core while the target verifies round r.
             guess = proposal.tokens[k]
             proposal = Proposal(proposal.tokens[:k], proposal.dists[:k], proposal.cached_len)
             self._start_predraft(committed + proposal.tokens + [guess], k)
+        verify_started = time.perf_counter()
+        self.last_k = k if proposal is not None else 0
         if proposal is None:
             result = self._verify([], None, round_seed)
+            self.last_verify_s = time.perf_counter() - verify_started
             self.target_view.holds(committed)
             return Decision([result.bonus_token], [TokenKind.TARGET], 0)
 
         drafts = proposal.tokens
         result = self._verify(drafts, proposal, round_seed)
+        self.last_verify_s = time.perf_counter() - verify_started
         self.target_view.holds(committed + drafts)
         q = [proposal.draft_prob(i) for i in range(k)]
         decision = decide(drafts, q, result, u)

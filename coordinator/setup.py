@@ -93,7 +93,8 @@ def build_service(cfg: CoordinatorConfig) -> GenerationService:
     eos = [tokenizer.eos_token_id] if tokenizer is not None and \
         tokenizer.eos_token_id is not None else []
     loop = SpeculativeLoop(draft, target, top_n=cfg.top_n, draft_backoff_s=cfg.draft_backoff,
-                           pipeline=cfg.pipeline, max_propose=limits.max_draft_tokens or 1)
+                           pipeline=cfg.pipeline, max_propose=limits.max_draft_tokens or 1,
+                           adaptive=cfg.adaptive_k)
     log.info("coordinator loop ready: %d target, %d draft replica(s), model %s, K=%d",
              len(t_infos), len(d_infos), ref.model_id, limits.default_k)
     return GenerationService(loop, tokenizer, limits, eos)

@@ -100,3 +100,16 @@ def test_injected_latency_and_jitter_change_timing_not_text(draft_server, target
     assert b.stats.pipelined_rounds > 0  # drafts were ready when Verify returned
     verify_calls = list(slow.loop.target.replicas()[0].client.bytes.recent)
     assert min(c.seconds for c in verify_calls) >= 0.02  # the latency was injected
+
+
+@pytest.mark.parametrize("pipeline", [False, True])
+def test_adaptive_k_greedy_equals_target_only(draft_client, target_client, pipeline):
+    loop = SpeculativeLoop(draft_client, target_client, pipeline=pipeline, adaptive=True,
+                           max_propose=16)
+    for prompt in PROMPTS:
+        base, _ = run(loop, prompt, SamplingParams(), 0, n=64)
+        ids, stats = run(loop, prompt, SamplingParams(), 4, n=64)
+        assert ids == base
+        assert len(stats.k_per_round) == stats.rounds
+        # Within [1, max]; the last round may be shorter (only the tokens still missing).
+        assert all(1 <= k <= 16 for k in stats.k_per_round[:-1])

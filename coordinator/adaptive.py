@@ -1,0 +1,71 @@
+"""Adaptive K: choose the number of draft tokens each round to maximise tokens per second.
+
+From what the generation has measured so far (exponential moving averages):
+per-token acceptance `a`, the draft's time per drafted token `d` (Propose latency / K,
+network included) and the target's Verify latency as `v0 + v1 * K`. Expected tokens per
+round are (1 - a^(K+1)) / (1 - a) (Leviathan et al.); a round costs `K d + v(K)` when
+sequential. With pipelined drafting, the next round's drafts are ready when Verify
+returns whenever all K are accepted and the bonus matches the draft's guess (probability
+~a^(K+1)); such a round costs max(K d, v(K)) instead. The K with the best ratio wins.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class AdaptiveK:
+    k_max: int
+    k: int = 4  # the current choice (also the first round's K)
+    pipelined: bool = False
+    smoothing: float = 0.3  # weight of the newest observation in each moving average
+    alpha: float = 0.7  # prior acceptance until measured
+    draft_s_per_token: float | None = None
+    verify_base_s: float | None = None
+    verify_per_token_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.k = max(1, min(self.k, self.k_max))
+
+    def _ema(self, old: float | None, new: float) -> float:
+        return new if old is None else (1 - self.smoothing) * old + self.smoothing * new
+
+    def observe(self, k: int, accepted: int, rejected: bool, propose_s: float | None,
+                verify_s: float) -> None:
+        """One round's outcome: `accepted` of `k` drafts, whether one was rejected, and the
+        Propose (None when pre-drafted) and Verify latencies."""
+        if k <= 0:
+            self.verify_base_s = self._ema(self.verify_base_s, verify_s)
+            return
+        # Each round is accepted-many Bernoulli successes and at most one failure.
+        trials = accepted + (1 if rejected else 0)
+        if trials:
+            self.alpha = self._ema(self.alpha, accepted / trials)
+        if propose_s is not None:
+            self.draft_s_per_token = self._ema(self.draft_s_per_token, propose_s / k)
+        base = self.verify_base_s if self.verify_base_s is not None else verify_s
+        slope = max(0.0, (verify_s - base) / k)
+        self.verify_per_token_s = self._ema(self.verify_per_token_s, slope)
+        if self.verify_base_s is None:
+            self.verify_base_s = verify_s / (1 + 0.1 * k)  # rough until a K=0 round is seen
+        self.k = self.best()
+
+    def expected_tokens(self, k: int) -> float:
+        a = min(self.alpha, 0.999)
+        return (1 - a ** (k + 1)) / (1 - a)
+
+    def round_seconds(self, k: int) -> float:
+        d = self.draft_s_per_token or 0.0
+        v = (self.verify_base_s or 0.0) + self.verify_per_token_s * k
+        sequential = k * d + v
+        if not self.pipelined:
+            return sequential
+        p = min(self.alpha, 0.999) ** (k + 1)
+        return p * max(k * d, v) + (1 - p) * sequential
+
+    def best(self) -> int:
+        if self.draft_s_per_token is None:
+            return self.k
+        return max(range(1, self.k_max + 1),
+                   key=lambda k: self.expected_tokens(k) / max(self.round_seconds(k), 1e-9))
