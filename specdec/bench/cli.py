@@ -89,6 +89,15 @@ def run(args: argparse.Namespace) -> int:
                         say(f"note: {key} failed and is skipped from now on: {failed[key]}")
                         continue
                     raise
+        rtt_rows = []
+        if args.rtt:
+            from specdec.bench import rtt as rtt_sweep
+
+            rtts = [float(x) for x in args.rtt.split(",") if x.strip()]
+            say(f"== RTT sweep {rtts} ms, sequential vs pipelined")
+            rtt_rows = rtt_sweep.sweep(procs["target"].address, procs["draft"].address, rtts,
+                                       [m for _, m in messages], k_pipe, args.max_new_tokens,
+                                       progress=lambda xs: tqdm(xs, desc="rtt", unit="rtt"))
         rss = {role: _peak_rss_mb(p.proc.pid) for role, p in procs.items()}
     rows = [r for t in temps for r in report.summarise(samples[t], t)]
     meta = {"machine": machine(), "model": f"{args.model} (OpenVINO fp32 target, int8 draft)",
@@ -97,9 +106,16 @@ def run(args: argparse.Namespace) -> int:
             "command": " ".join(sys.argv), "date": time.strftime("%Y-%m-%d"),
             "peak_rss_mb": rss, "failed": failed}
     md = report.markdown(rows, meta)
+    if rtt_rows:
+        from specdec.bench import rtt as rtt_sweep
+
+        md += "\n" + rtt_sweep.markdown(rtt_rows, k_pipe)
+        meta["rtt_sweep"] = rtt_sweep.as_dicts(rtt_rows)
     (out_dir / "bench.md").write_text(md)
     report.write_json(out_dir / "bench.json", rows, meta)
     files = report.plots(rows, out_dir)
+    if rtt_rows:
+        files.append(rtt_sweep.plot(rtt_rows, out_dir / "speedup_vs_rtt.png"))
     print(md)
     say(f"wrote {out_dir / 'bench.json'}, {out_dir / 'bench.md'}, "
         + ", ".join(str(f) for f in files))
@@ -178,13 +194,16 @@ def add_parser(sub) -> None:
     p.add_argument("--threads", type=int, default=1,
                    help="threads per model service and per peer (default: %(default)s)")
     p.add_argument("--model", default="smollm2-135m", help="model (default: %(default)s)")
+    p.add_argument("--rtt", default="0,1,5,20",
+                   help="injected round-trip times (ms) for the sequential vs pipelined sweep; "
+                        "empty = skip (default: %(default)s)")
     p.add_argument("--out", default="bench-results",
                    help="folder for bench.json, bench.md and the plots (default: %(default)s)")
 
     def main(args) -> int:
         if args.quick:
             args.k, args.repeats, args.max_new_tokens = "4", 1, 32
-            args.temperatures, args.peers = "0", "inprocess,genai"
+            args.temperatures, args.peers, args.rtt = "0", "inprocess,genai", "0,20"
         return run(args)
 
     p.set_defaults(func=main)
