@@ -167,8 +167,14 @@ def build_server(
     return wrapper, port
 
 
-def serve_until_signal(server: SpecdecServer, grace: float = 5.0) -> None:
-    """Start, serve until SIGTERM/SIGINT, then drain gracefully."""
+def serve_until_signal(server: SpecdecServer, grace: float = 5.0,
+                       on_ready: Callable[[], None] | None = None) -> None:
+    """Start, serve until SIGTERM/SIGINT, then drain gracefully.
+
+    The handlers are installed before the server starts and before `on_ready` runs
+    (it logs "ready"), so a supervisor that signals as soon as it reads that line
+    always gets the graceful path, never the default SIGTERM action.
+    """
     def on_signal(signum, _frame):
         log.info("received %s: NOT_SERVING, draining for up to %.0f s",
                  signal.Signals(signum).name, grace)
@@ -177,5 +183,7 @@ def serve_until_signal(server: SpecdecServer, grace: float = 5.0) -> None:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     server.start()
+    if on_ready is not None:
+        on_ready()
     server.wait()
     log.info("stopped")

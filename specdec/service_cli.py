@@ -198,9 +198,9 @@ def run(kind: str, cfg: ModelServiceConfig, create) -> int:
     except (OSError, ValueError) as exc:
         log.error("cannot start the %s service: %s", kind, exc)
         return 2
-    log_start(kind, cfg, port, engine.model.vocab_size)
     try:
-        serve_until_signal(server, cfg.grace)
+        serve_until_signal(server, cfg.grace,
+                           on_ready=lambda: log_start(kind, cfg, port, engine.model.vocab_size))
     finally:
         engine.model.metrics.close()
     return 0
