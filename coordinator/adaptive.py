@@ -1,4 +1,6 @@
-"""Adaptive K: choose the number of draft tokens each round to maximise tokens per second.
+"""Adaptive K and the confidence exit: how many tokens each round drafts.
+
+AdaptiveK chooses the number of draft tokens each round to maximise tokens per second.
 
 From what the generation has measured so far (exponential moving averages):
 per-token acceptance `a`, the draft's time per drafted token `d` (Propose latency / K,
@@ -6,7 +8,8 @@ network included) and the target's Verify latency as `v0 + v1 * K`. Expected tok
 round are (1 - a^(K+1)) / (1 - a) (Leviathan et al.); a round costs `K d + v(K)` when
 sequential. With pipelined drafting, the next round's drafts are ready when Verify
 returns whenever all K are accepted and the bonus matches the draft's guess (probability
-~a^(K+1)); such a round costs max(K d, v(K)) instead. The K with the best ratio wins.
+~a^(K+1)); such a round costs max((K+1) d, v(K)) instead (the draft proposes K+1: its
+guess at the bonus). The K with the best ratio wins.
 """
 
 from __future__ import annotations
@@ -62,10 +65,48 @@ class AdaptiveK:
         if not self.pipelined:
             return sequential
         p = min(self.alpha, 0.999) ** (k + 1)
-        return p * max(k * d, v) + (1 - p) * sequential
+        return p * max((k + 1) * d, v) + (1 - p) * sequential
 
     def best(self) -> int:
         if self.draft_s_per_token is None:
             return self.k
         return max(range(1, self.k_max + 1),
                    key=lambda k: self.expected_tokens(k) / max(self.round_seconds(k), 1e-9))
+
+
+@dataclass
+class ConfidenceExit:
+    """The draft-side confidence exit's threshold, adapted to recent acceptance.
+
+    The draft stops proposing once its probability of the token it drew is below
+    `threshold`. After each round the threshold moves towards the acceptance the loop
+    aims for (the "target matchness" of Draft & Verify, Zhang et al. 2023): smoothed
+    acceptance at or below `target_acceptance` raises it by `step` (the draft stops
+    sooner, fewer drafts are wasted), above lowers it (longer rounds); the threshold
+    itself is smoothed so that one bad round does not swing it. Everything depends on
+    tokens only, never on time, so a seeded generation stays reproducible.
+    """
+
+    threshold: float = 0.3  # initial
+    target_acceptance: float = 0.8
+    step: float = 0.05
+    acceptance_smoothing: float = 0.5  # weight of the old average (beta1)
+    threshold_smoothing: float = 0.5  # weight of the old threshold (beta2)
+    max_threshold: float = 0.95
+    acceptance: float | None = None
+
+    def __post_init__(self) -> None:
+        self.threshold = min(max(self.threshold, 0.0), self.max_threshold)
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        if drafted <= 0:
+            return
+        rate = accepted / drafted
+        b1 = self.acceptance_smoothing
+        self.acceptance = rate if self.acceptance is None \
+            else b1 * self.acceptance + (1 - b1) * rate
+        moved = self.threshold + (self.step if self.acceptance <= self.target_acceptance
+                                  else -self.step)
+        b2 = self.threshold_smoothing
+        self.threshold = min(max(b2 * self.threshold + (1 - b2) * moved, 0.0),
+                             self.max_threshold)

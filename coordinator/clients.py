@@ -7,6 +7,7 @@ Wire sizes of requests and replies are counted, so the loop can report bytes per
 from __future__ import annotations
 
 import random
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -34,6 +35,11 @@ class Proposal:
     tokens: list[int]
     dists: list[common_pb2.SparseDist]  # kept as protobuf: forwarded to Verify untouched
     cached_len: int
+    requested: int = 0  # num_tokens asked for; more than len(tokens) after a confidence exit
+
+    @property
+    def exited_early(self) -> bool:
+        return len(self.tokens) < self.requested
 
     def draft_prob(self, i: int) -> float:
         """q_i(x_i); 1.0 when greedy (no dists)."""
@@ -63,6 +69,27 @@ class WireBytes:
         self.recent.append(call)
         self.sent += call.request_bytes
         self.received += call.reply_bytes
+
+
+class Cancel:
+    """A handle to call off an RPC made in another thread (a pre-draft nobody needs)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._call: grpc.Future | None = None
+        self.requested = False
+
+    def attach(self, call: grpc.Future) -> None:
+        with self._lock:
+            self._call = call
+            if self.requested:
+                call.cancel()
+
+    def __call__(self) -> None:
+        with self._lock:
+            self.requested = True
+            if self._call is not None:
+                self._call.cancel()
 
 
 class _ModelServiceClient:
@@ -99,20 +126,30 @@ class DraftClient(_ModelServiceClient):
     stub_class = draft_pb2_grpc.DraftServiceStub
 
     def propose(self, sync: SyncRequest, num_tokens: int, sampling: SamplingParams,
-                top_n: int = 0, meter: WireBytes | None = None) -> Proposal:
+                top_n: int = 0, meter: WireBytes | None = None,
+                exit_below: float = 0.0, cancel: Cancel | None = None) -> Proposal:
+        """Raises grpc.RpcError, or grpc.FutureCancelledError once `cancel` was called (the
+        draft then stops at its next token; its cache keeps what it had fed)."""
         req = draft_pb2.ProposeRequest(
             session_id=sync.session_id, keep_len=sync.keep_len, keep_digest=sync.keep_digest,
             new_tokens=sync.new_tokens, num_tokens=num_tokens,
-            sampling=wire.sampling_to_proto(sampling), top_n=top_n,
+            sampling=wire.sampling_to_proto(sampling), top_n=top_n, exit_below=exit_below,
         )
         started = time.perf_counter()
         self._network()
-        resp = self.stub.Propose(req, timeout=self.deadline_s)
+        if cancel is None:
+            resp = self.stub.Propose(req, timeout=self.deadline_s)
+        else:
+            if cancel.requested:
+                raise grpc.FutureCancelledError()
+            call = self.stub.Propose.future(req, timeout=self.deadline_s)
+            cancel.attach(call)
+            resp = call.result()
         self._network()
         self.bytes.add(req, resp, started)
         if meter is not None:
             meter.add(req, resp, started)
-        return Proposal(list(resp.tokens), list(resp.dists), resp.cached_len)
+        return Proposal(list(resp.tokens), list(resp.dists), resp.cached_len, num_tokens)
 
 
 class TargetClient(_ModelServiceClient):

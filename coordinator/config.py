@@ -18,6 +18,9 @@ class CoordinatorConfig:
     k: int = 4
     pipeline: bool = False
     adaptive_k: bool = False
+    confidence_exit: bool = False
+    exit_threshold: float = 0.3
+    exit_target_acceptance: float = 0.8
     inject_rtt_ms: float = 0.0
     inject_jitter_ms: float = 0.0
     top_n: int = 0
@@ -67,6 +70,17 @@ def parser() -> argparse.ArgumentParser:
                    help="choose K each round from measured acceptance and draft/verify "
                         "latency (a request's K is the starting point); greedy output is "
                         "unchanged, sampled output then depends on timing")
+    p.add_argument("--confidence-exit", action="store_true",
+                   help="the draft stops a round early once its probability of its own token "
+                        "falls below a threshold that adapts to the generation's acceptance "
+                        "(up when acceptance is below --exit-target-acceptance, down above). "
+                        "Depends on tokens only: seeded output stays reproducible")
+    p.add_argument("--exit-threshold", type=float, default=0.3,
+                   help="the confidence exit's starting threshold, in [0, 1) "
+                        "(default: %(default)s)")
+    p.add_argument("--exit-target-acceptance", type=float, default=0.8,
+                   help="the per-token acceptance the confidence exit steers towards "
+                        "(default: %(default)s)")
     p.add_argument("--inject-rtt-ms", type=float, default=0.0,
                    help="emulate draft and target on other hosts: add this round-trip time "
                         "to every Propose and Verify (testing and benchmarks) "
@@ -110,5 +124,10 @@ def parser() -> argparse.ArgumentParser:
 
 
 def from_args(argv: list[str] | None = None) -> CoordinatorConfig:
-    ns = parser().parse_args(argv)
+    p = parser()
+    ns = p.parse_args(argv)
+    if not 0.0 <= ns.exit_threshold < 1.0:
+        p.error(f"--exit-threshold must be in [0, 1), got {ns.exit_threshold}")
+    if not 0.0 < ns.exit_target_acceptance < 1.0:
+        p.error(f"--exit-target-acceptance must be in (0, 1), got {ns.exit_target_acceptance}")
     return CoordinatorConfig(**{f.name: getattr(ns, f.name) for f in fields(CoordinatorConfig)})

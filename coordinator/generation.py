@@ -164,7 +164,7 @@ class GenerationService:
             drafted_tokens=s.drafted_tokens, accepted_tokens=s.accepted_tokens,
             seconds=s.seconds if math.isfinite(s.seconds) else 0.0,
             pipelined_rounds=s.pipelined_rounds, predrafts_wasted=s.predrafts_wasted,
-            k_per_round=s.k_per_round,
+            k_per_round=s.k_per_round, confidence_exits=s.confidence_exits,
         )
 
 

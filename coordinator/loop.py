@@ -27,13 +27,20 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import grpc
 import torch
 
-from coordinator.adaptive import AdaptiveK
-from coordinator.clients import DraftClient, Proposal, SyncRequest, TargetClient, WireBytes
+from coordinator.adaptive import AdaptiveK, ConfidenceExit
+from coordinator.clients import (
+    Cancel,
+    DraftClient,
+    Proposal,
+    SyncRequest,
+    TargetClient,
+    WireBytes,
+)
 from coordinator.routing import Replica, Router
 from coordinator.session import CacheView, Committed
 from specdec.errors import InvalidArgument, ResourceExhausted, Unavailable
@@ -44,6 +51,9 @@ from specdec.verify import Decision, TargetRound, TokenKind, decide
 log = logging.getLogger(__name__)
 
 RESYNC_CODES = (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.NOT_FOUND)
+# A called-off pre-draft holds the draft session until its current step ends; the next
+# Propose on it is ABORTED meanwhile and retried this long.
+BUSY_RETRY_S = 2.0
 
 
 @dataclass
@@ -56,8 +66,10 @@ class LoopStats:
     draft_fallbacks: int = 0  # rounds decoded target-only because the draft failed
     target_repins: int = 0
     k_per_round: list[int] = field(default_factory=list)  # the K each round used
+    predrafts_started: int = 0  # pre-drafts sent (each is then used or wasted)
     pipelined_rounds: int = 0  # rounds whose drafts were pre-drafted during the last Verify
     predrafts_wasted: int = 0  # pre-drafts thrown away (a rejection or another bonus)
+    confidence_exits: int = 0  # rounds the draft cut short (confidence below the threshold)
     bytes_sent: int = 0
     bytes_received: int = 0
     seconds: float = 0.0
@@ -83,9 +95,12 @@ class SpeculativeLoop:
     def __init__(self, draft: Router | DraftClient | None, target: Router | TargetClient,
                  top_n: int = 0, draft_backoff_s: float = 1.0,
                  metrics: LoopMetrics | None = None, pipeline: bool = False,
-                 max_propose: int = 16, adaptive: bool = False):
+                 max_propose: int = 16, adaptive: bool = False,
+                 confidence_exit: ConfidenceExit | None = None):
         self.pipeline = pipeline
         self.adaptive = adaptive  # choose K per round (coordinator.adaptive); K = the start
+        # The confidence exit's starting state; each generation adapts its own copy.
+        self.confidence_exit = confidence_exit
         self.max_propose = max_propose  # the draft's max_draft_tokens (K+1 when pipelining)
         self._executor = ThreadPoolExecutor(max_workers=8, thread_name_prefix="predraft") \
             if pipeline else None
@@ -119,9 +134,9 @@ class SpeculativeLoop:
                 remaining = max_new_tokens - len(run.generated)
                 started = time.perf_counter()
                 k = min(adaptive.k if adaptive else num_draft_tokens, remaining - 1)
-                decision = run.round(k)
+                decision = run.round(k, remaining)
                 metrics.round(time.perf_counter() - started)
-                run.stats.k_per_round.append(max(k, 0))
+                run.stats.k_per_round.append(run.last_k)
                 if adaptive is not None and run.last_verify_s is not None:
                     rejected = any(kind == TokenKind.RECOVERED for kind in decision.kinds)
                     adaptive.observe(run.last_k, decision.num_accepted, rejected,
@@ -133,6 +148,8 @@ class SpeculativeLoop:
                 run.commit(tokens, kinds)
                 reason = "eos" if stop is not None else (
                     "length" if len(run.generated) >= max_new_tokens else None)
+                if reason:
+                    run.drop_predraft()  # counted in the stats the last chunk carries
                 run.stats.seconds = time.perf_counter() - t0
                 yield RoundOutput(tokens, kinds, reason)
                 if reason:
@@ -165,6 +182,17 @@ def _as_router(x, name: str) -> Router:
     return x if isinstance(x, Router) else Router.from_clients({f"{name}-0": x})
 
 
+@dataclass
+class _PreDraft:
+    """A pre-draft in flight: the next round's drafts, on an assumption."""
+
+    future: Future  # -> (Proposal, the ids the draft then holds)
+    assumed: list[int]  # the committed ids it assumed (all accepted, bonus = its guess)
+    cancel: Cancel
+    surely_held: list[int]  # what the draft holds however far it got when called off
+    lead: int = 0  # its first tokens are guesses too (the prefill round's pre-draft)
+
+
 class _Generation:
     """State of one generation: committed ids, pinned replicas, cache views, stats."""
 
@@ -193,8 +221,13 @@ class _Generation:
         self.draft_failures = 0
         # Latencies of the last round, for adaptive K (propose None when pre-drafted).
         self.last_k, self.last_propose_s, self.last_verify_s = 0, None, None
-        # A pre-draft in flight: (future, the committed ids it assumed, its K).
-        self.pending: tuple[Future, list[int], int] | None = None
+        self.pending: _PreDraft | None = None
+        self.exit = replace(loop.confidence_exit) \
+            if loop.confidence_exit is not None and loop.draft is not None else None
+
+    @property
+    def exit_below(self) -> float:
+        return self.exit.threshold if self.exit is not None else 0.0
 
     # -- replicas ----------------------------------------------------------------------
 
@@ -234,18 +267,27 @@ class _Generation:
         return SyncRequest(self.session_id, keep_len, keep_digest, new_tokens)
 
     def _call(self, view: CacheView, name: str, rpc: Callable[[SyncRequest], object]):
-        """Run rpc with the planned sync; on a resync error forget the view and retry once.
+        """Run rpc with the planned sync; on a resync error forget the view and retry once;
+        while the session is busy (ABORTED: a called-off pre-draft finishing its step),
+        retry shortly.
 
         name ("propose" or "verify") labels its metrics."""
-        try:
-            return self._timed(name, rpc, self._sync(view))
-        except grpc.RpcError as e:
-            if e.code() not in RESYNC_CODES:
-                raise
-            self.stats.resyncs += 1
-            self.metrics.resync(name)
-            view.forget()
-            return self._timed(name, rpc, self._sync(view))
+        give_up, pause = time.monotonic() + BUSY_RETRY_S, 0.001
+        resynced = False
+        while True:
+            try:
+                return self._timed(name, rpc, self._sync(view))
+            except grpc.RpcError as e:
+                if e.code() == grpc.StatusCode.ABORTED and time.monotonic() < give_up:
+                    time.sleep(pause)
+                    pause = min(2 * pause, 0.008)
+                    continue
+                if e.code() not in RESYNC_CODES or resynced:
+                    raise
+                resynced = True
+                self.stats.resyncs += 1
+                self.metrics.resync(name)
+                view.forget()
 
     def _timed(self, name: str, rpc: Callable[[SyncRequest], object], sync: SyncRequest):
         """One RPC attempt, its latency reported whether it succeeds or fails."""
@@ -299,7 +341,8 @@ class _Generation:
 
     # -- one round ---------------------------------------------------------------------
 
-    def round(self, k: int) -> Decision:
+    def round(self, k: int, remaining: int) -> Decision:
+        """One round of at most k drafts; `remaining` tokens are still wanted."""
         self.round_index += 1
         self.stats.rounds += 1
         committed = self.committed.tokens
@@ -309,18 +352,38 @@ class _Generation:
         pipelining = self.loop.pipeline and 0 < k < self.loop.max_propose
         proposal = self._take_predraft(k)
         self.last_propose_s = None
+        if pipelining and self.round_index == 1 and remaining >= 3 and \
+                self.loop.max_propose >= 3 and self._draft_replica() is not None:
+            # Overlap the two prefills: the target decodes the first token alone while the
+            # draft prefills and proposes from the prompt, its own first token standing in
+            # for the target's (lead=1); round 2 uses those drafts when the guess holds.
+            self._start_predraft(committed, min(k, self.loop.max_propose - 2), lead=1)
+            k = 0
         if proposal is None and k > 0:
             t0 = time.perf_counter()
             proposal = self._propose(k + 1 if pipelining else k)
             self.last_propose_s = time.perf_counter() - t0 if proposal is not None else None
-        if proposal is not None and pipelining and len(proposal.tokens) > k:
-            # Assume all K accepted and the bonus equals the draft's own K+1-th token:
-            # draft round r+1 on the draft's core while the target verifies round r.
-            guess = proposal.tokens[k]
-            proposal = Proposal(proposal.tokens[:k], proposal.dists[:k], proposal.cached_len)
-            self._start_predraft(committed + proposal.tokens + [guess], k)
+        if proposal is not None:
+            if proposal.exited_early:
+                self.stats.confidence_exits += 1
+                self.metrics.confidence_exit()
+            # Pipelining: the last token is the draft's guess at the bonus, not a draft.
+            # Not after a confidence exit: the token it was unsure of must be verified like
+            # the others (choosing which drafts to verify by their own probability would
+            # bias the output away from the target's distribution), so no guess is left.
+            guess_last = pipelining and not proposal.exited_early
+            n = min(k, len(proposal.tokens) - (1 if guess_last else 0))
+            guess = proposal.tokens[n] if guess_last and len(proposal.tokens) > n else None
+            drafts = Proposal(proposal.tokens[:n], proposal.dists[:n], proposal.cached_len)
+            proposal = drafts if n else None  # none left: a target-only round
+            # Assume all n drafts are accepted and the bonus equals the guess: draft the
+            # next round on the draft's core while the target verifies this one. Not when
+            # the next round could not use it (this one may end the generation, or leave
+            # room for only a target-only token).
+            if pipelining and guess is not None and n + 2 < remaining:
+                self._start_predraft(committed + drafts.tokens + [guess], k)
         verify_started = time.perf_counter()
-        self.last_k = k if proposal is not None else 0
+        self.last_k = len(proposal.tokens) if proposal is not None else 0
         if proposal is None:
             result = self._verify([], None, round_seed)
             self.last_verify_s = time.perf_counter() - verify_started
@@ -328,35 +391,52 @@ class _Generation:
             return Decision([result.bonus_token], [TokenKind.TARGET], 0)
 
         drafts = proposal.tokens
+        n = len(drafts)
         result = self._verify(drafts, proposal, round_seed)
         self.last_verify_s = time.perf_counter() - verify_started
         self.target_view.holds(committed + drafts)
-        q = [proposal.draft_prob(i) for i in range(k)]
-        decision = decide(drafts, q, result, u)
-        self.stats.drafted_tokens += k
+        q = [proposal.draft_prob(i) for i in range(n)]
+        decision = decide(drafts, q, result, u[:n])
+        self.stats.drafted_tokens += n
         self.stats.accepted_tokens += decision.num_accepted
-        self.stats.rejections += decision.num_accepted < k
+        self.stats.rejections += decision.num_accepted < n
         for i in range(decision.num_accepted):
             self.stats.accepted_per_position[i] += 1
-        self.metrics.drafted(k, decision.num_accepted)
+        self.metrics.drafted(n, decision.num_accepted)
+        if self.exit is not None:
+            self.exit.observe(n, decision.num_accepted)
         return decision
 
     def _take_predraft(self, k: int) -> Proposal | None:
-        """The pre-draft for this round if its assumption held; always collects it (the
-        draft session is busy until it returns) and records what the draft now holds."""
-        if self.pending is None:
+        """The pre-draft for this round if its assumption held (its K may differ: adaptive
+        K); else it is called off. Either way records what the draft now holds."""
+        pre, self.pending = self.pending, None
+        if pre is None:
             return None
-        future, assumed, pk = self.pending
-        self.pending = None
+        committed = self.committed.tokens
+        useful = k > 0 and committed[:len(pre.assumed)] == pre.assumed
+        if not useful or (not pre.lead and pre.assumed != committed):
+            # Called off; not a prefill's pre-draft, which may be about done: a draft
+            # stopped mid-prefill would hold nothing and prefill again.
+            useful = False
+            if not pre.lead:
+                pre.cancel()
         try:
-            proposal, view_tokens = future.result()
+            proposal, view_tokens = pre.future.result()
+        except grpc.FutureCancelledError:
+            proposal, view_tokens = None, pre.surely_held
         except grpc.RpcError as e:
             self.draft_view.forget()
             if self.draft is not None:
                 self._draft_failed(e)
             return None
         self.draft_view.holds(view_tokens)
-        if assumed == self.committed.tokens and pk == k and len(proposal.tokens) > k:
+        if useful and pre.lead:
+            useful = pre.assumed + proposal.tokens[:pre.lead] == committed and \
+                len(proposal.tokens) > pre.lead
+            proposal = Proposal(proposal.tokens[pre.lead:], proposal.dists[pre.lead:],
+                                proposal.cached_len, proposal.requested - pre.lead)
+        if useful:
             self.stats.pipelined_rounds += 1
             self.metrics.predraft(used=True)
             return proposal
@@ -364,7 +444,9 @@ class _Generation:
         self.metrics.predraft(used=False)
         return None
 
-    def _start_predraft(self, assumed_tokens: list[int], k: int) -> None:
+    def _start_predraft(self, assumed_tokens: list[int], k: int, lead: int = 0) -> None:
+        """Propose k drafts and a guess on top of `assumed_tokens` plus the draft's own
+        first `lead` tokens, which stand for tokens the target has not decided yet."""
         replica = self.draft
         if replica is None:
             return
@@ -372,14 +454,21 @@ class _Generation:
         view = CacheView()
         view.holds(self.draft_view.tokens)
         client: DraftClient = replica.client
+        exit_below = self.exit_below  # read now: the pre-draft must not depend on timing
+        keep_len, keep_digest, new_tokens = view.plan(assumed)
+        cancel = Cancel()
 
         def predraft():
-            keep_len, keep_digest, new_tokens = view.plan(assumed)
             sync = SyncRequest(self.session_id, keep_len, keep_digest, new_tokens)
-            proposal = client.propose(sync, k + 1, self.sampling, self.loop.top_n, self.meter)
+            proposal = client.propose(sync, lead + k + 1, self.sampling, self.loop.top_n,
+                                      self.meter, exit_below, cancel)
             return proposal, assumed.tokens + proposal.tokens[:-1]
 
-        self.pending = (self.loop._executor.submit(predraft), assumed_tokens, k)
+        # Called off at any point, the draft still holds the kept prefix: a request never
+        # crops below its keep_len, and what it fed before stopping only adds to it.
+        self.pending = _PreDraft(self.loop._executor.submit(predraft), assumed_tokens, cancel,
+                                 assumed.tokens[:keep_len], lead)
+        self.stats.predrafts_started += 1
 
     def _propose(self, k: int) -> Proposal | None:
         replica = self._draft_replica()
@@ -388,7 +477,7 @@ class _Generation:
         client: DraftClient = replica.client
         try:
             proposal = self._call(self.draft_view, "propose", lambda s: client.propose(
-                s, k, self.sampling, self.loop.top_n, self.meter))
+                s, k, self.sampling, self.loop.top_n, self.meter, self.exit_below))
         except grpc.RpcError as e:
             self._draft_failed(e)
             return None
@@ -402,16 +491,22 @@ class _Generation:
         self.kinds.extend(kinds)
         self.metrics.generated(len(tokens))
 
+    def drop_predraft(self) -> None:
+        """Call off a pre-draft in flight and count it wasted (the generation is over)."""
+        pre, self.pending = self.pending, None
+        if pre is None:
+            return
+        pre.cancel()
+        try:
+            pre.future.result()
+        except (grpc.RpcError, grpc.FutureCancelledError):
+            pass
+        self.stats.predrafts_wasted += 1
+        self.metrics.predraft(used=False)
+
     def release(self) -> None:
         """Free every session this generation opened; never hides its own outcome."""
-        if self.pending is not None:  # let a pre-draft finish before releasing its session
-            try:
-                self.pending[0].result()
-            except grpc.RpcError:
-                pass
-            self.stats.predrafts_wasted += 1
-            self.metrics.predraft(used=False)
-            self.pending = None
+        self.drop_predraft()  # let a pre-draft finish before releasing its session
         for router, replica in self.touched:
             try:
                 replica.client.release(self.session_id)

@@ -15,6 +15,7 @@ DEFAULT_PORT = 50051
 class DraftConfig(ModelServiceConfig):
     port: int = DEFAULT_PORT
     top_n: int = DEFAULT_TOP_N
+    inference_precision: str = "auto"  # a draft's precision never changes the output
 
 
 def parser() -> argparse.ArgumentParser:
@@ -23,7 +24,7 @@ def parser() -> argparse.ArgumentParser:
         description="specdec draft service: proposes K tokens per request, with the exact "
                     "sparse distributions it sampled them from (gRPC specdec.v1.DraftService).",
     )
-    add_model_service_flags(p, DEFAULT_PORT)
+    add_model_service_flags(p, DEFAULT_PORT, default_precision="auto")
     p.add_argument("--top-n", type=int, default=DEFAULT_TOP_N,
                    help="size of the sparse q sent per drafted token when a request says 0; "
                         "smaller = fewer bytes, slightly lower acceptance (default: %(default)s)")

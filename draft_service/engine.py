@@ -2,13 +2,18 @@
 
 Feeds the new tokens, then samples K tokens one at a time from the processed
 distribution truncated to top_n (the sparse q it reports is exactly what it sampled
-from). Its cache ends holding everything but x_K, which it has not fed; the next
-request's keep_len drops rejected drafts or feeds x_K when all were accepted.
+from). With a confidence exit (`exit_below`), it stops after the first token it drew
+with probability below the threshold: the round is cut where the draft starts guessing.
+Its cache ends holding everything but the last token returned, which it has not fed;
+the next request's keep_len drops rejected drafts or feeds it when all were accepted.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+
+import torch
 
 from specdec.errors import require
 from specdec.runtime.cached_model import CachedModel, ServiceInfo, SyncArgs
@@ -28,6 +33,7 @@ class ProposeArgs(SyncArgs):
     num_tokens: int = 1  # K
     sampling: SamplingParams = field(default_factory=SamplingParams)
     top_n: int = 0  # 0 = the engine's default
+    exit_below: float = 0.0  # confidence exit: stop after a token drawn with prob < this
 
 
 @dataclass
@@ -54,11 +60,16 @@ class DraftEngine:
                 f"num_tokens must be in [1, {self.max_draft_tokens}], got {k}")
         args.sampling.validate()
         require(args.top_n >= 0, f"top_n must be >= 0 (0 = default), got {args.top_n}")
+        require(0.0 <= args.exit_below <= 1.0,
+                f"exit_below must be in [0, 1] (0 = off), got {args.exit_below}")
         # The cache will hold the new tokens and K - 1 drafts.
         self.model.check_sync(args, extra_positions=k - 1)
         return args.top_n or self.default_top_n
 
-    def propose(self, args: ProposeArgs) -> ProposeResult:
+    def propose(self, args: ProposeArgs,
+                cancelled: Callable[[], bool] = lambda: False) -> ProposeResult:
+        """`cancelled()` is checked before each draft step: a request its client has
+        called off stops early and leaves the session consistent (what was fed stays)."""
         top_n = self.validate(args)
         params = args.sampling
         # Seeded by the request's content: the same request on the same state gives the
@@ -75,13 +86,17 @@ class DraftEngine:
                 probs = process_logits(logits, params)
                 if params.greedy:
                     x = int(probs.argmax())
+                    confidence = float(torch.softmax(logits.float(), -1)[x]) \
+                        if args.exit_below > 0 else 1.0
                 else:
                     ids, q = truncate(probs, top_n)
-                    x = int(ids[sample(q, gen)])
+                    j = sample(q, gen)
+                    x, confidence = int(ids[j]), float(q[j])
                     dists.append(SparseQ(ids, q))
                 tokens.append(x)
-                if i + 1 < args.num_tokens:
-                    logits = self.model.step(s, x)
+                if i + 1 == args.num_tokens or confidence < args.exit_below or cancelled():
+                    break  # x is returned but not fed: the cache ends before it
+                logits = self.model.step(s, x)
             return ProposeResult(tokens, dists, s.cached_len)
 
     def release(self, session_id: str) -> bool:

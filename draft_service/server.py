@@ -23,7 +23,8 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
             keep_digest=request.keep_digest, new_tokens=list(request.new_tokens),
             num_tokens=request.num_tokens,
             sampling=wire.sampling_from_proto(request.sampling), top_n=request.top_n,
-        ))
+            exit_below=request.exit_below,
+        ), cancelled=lambda: not context.is_active())
         return draft_pb2.ProposeResponse(
             tokens=result.tokens, dists=[wire.dist_to_proto(q) for q in result.dists],
             cached_len=result.cached_len,

@@ -204,6 +204,7 @@ class LoopMetrics:
     def draft_fallback(self) -> None: ...
     def target_repin(self) -> None: ...
     def predraft(self, used: bool) -> None: ...
+    def confidence_exit(self) -> None: ...
 
     def close(self) -> None:
         pass
@@ -253,6 +254,10 @@ class PrometheusLoopMetrics(_Exporter, LoopMetrics):
             "Verify returned) or wasted.", ["outcome"], registry=r)
         for outcome in ("used", "wasted"):
             self.predrafts.labels(outcome)
+        self.confidence_exits = Counter(
+            "specdec_coordinator_confidence_exits_total",
+            "Rounds the draft cut short because its probability of its own token fell "
+            "below the adaptive threshold.", registry=r)
         for rpc in ("propose", "verify"):  # exported at 0 from the start
             self.rpc_seconds.labels(rpc)
             self.resyncs.labels(rpc)
@@ -290,3 +295,6 @@ class PrometheusLoopMetrics(_Exporter, LoopMetrics):
 
     def predraft(self, used: bool) -> None:
         self.predrafts.labels("used" if used else "wasted").inc()
+
+    def confidence_exit(self) -> None:
+        self.confidence_exits.inc()

@@ -20,6 +20,7 @@ class ModelServiceConfig:
     device: str = ""  # "" = the backend's default: cpu (torch), CPU (OpenVINO)
     weights: str = "fp32"
     kv_cache_precision: str = "f32"
+    inference_precision: str = "f32"
     performance_hint: str = "LATENCY"
     ov_rollback: str = "mask"
     cpus: str = ""
@@ -42,7 +43,11 @@ class ModelServiceConfig:
         return f"{self.host}:{self.port}"
 
 
-def add_model_service_flags(p: argparse.ArgumentParser, default_port: int) -> None:
+PRECISIONS = ("auto", "f32", "bf16", "f16")
+
+
+def add_model_service_flags(p: argparse.ArgumentParser, default_port: int,
+                            default_precision: str = "f32") -> None:
     p.add_argument("--model", required=True,
                    help="model name (tiny-random, tiny-random-draft) or a Hugging Face model "
                         "folder on disk (required)")
@@ -59,6 +64,12 @@ def add_model_service_flags(p: argparse.ArgumentParser, default_port: int) -> No
                    help="openvino: KV-cache precision. The CPU plugin's own default, u8, "
                         "changes logits slightly; f32 keeps the target faithful to the "
                         "model (default: %(default)s)")
+    p.add_argument("--inference-precision", default=default_precision, choices=PRECISIONS,
+                   help="openvino: precision the plugin computes in. auto = the device's "
+                        "fastest (bf16 on CPUs with AVX-512 BF16 or AMX, else f32). A "
+                        "draft may use anything (only the target decides tokens); the "
+                        "target's choice defines the model users get, f32 keeps it "
+                        "faithful to the checkpoint (default: %(default)s)")
     p.add_argument("--performance-hint", default="LATENCY",
                    choices=["LATENCY", "THROUGHPUT", "CUMULATIVE_THROUGHPUT"],
                    help="openvino: the plugin's performance hint (default: %(default)s)")
@@ -125,7 +136,8 @@ def load_backend(cfg: ModelServiceConfig):
         ir_dir, model_id = resolve_ir(cfg.model, cfg.weights)
         return OpenVINOBackend(ir_dir, cfg.device or "CPU", cfg.threads,
                                cfg.kv_cache_precision, cfg.performance_hint, model_id=model_id,
-                               rollback=cfg.ov_rollback)
+                               rollback=cfg.ov_rollback,
+                               inference_precision=cfg.inference_precision)
     from specdec.runtime.models import load
     from specdec.runtime.torch_backend import TorchBackend
 
@@ -171,17 +183,18 @@ def start_metrics(kind: str, cfg: ModelServiceConfig, model: CachedModel) -> Non
     model.metrics = metrics
 
 
-def log_start(kind: str, cfg: ModelServiceConfig, port: int, vocab_size: int) -> None:
+def log_start(kind: str, cfg: ModelServiceConfig, port: int, model: CachedModel) -> None:
     extra = "" if cfg.quantize == "none" else f" quantize={cfg.quantize}"
     if cfg.backend == "openvino":
-        extra += f" weights={cfg.weights} kv={cfg.kv_cache_precision}"
+        extra += (f" weights={cfg.weights} kv={cfg.kv_cache_precision}"
+                  f" precision={getattr(model.backend, 'inference_precision', '?')}")
     if cfg.cpus:
         extra += f" cpus={cfg.cpus}"
     if cfg.metrics_port > 0:
         extra += f" metrics-port={cfg.metrics_port}"
     device = cfg.device or ("CPU" if cfg.backend == "openvino" else "cpu")
     log.info("%s service ready: model=%s backend=%s device=%s%s vocab=%d address=%s:%d",
-             kind, cfg.model, cfg.backend, device, extra, vocab_size, cfg.host, port)
+             kind, cfg.model, cfg.backend, device, extra, model.vocab_size, cfg.host, port)
 
 
 def run(kind: str, cfg: ModelServiceConfig, create) -> int:
@@ -200,7 +213,7 @@ def run(kind: str, cfg: ModelServiceConfig, create) -> int:
         return 2
     try:
         serve_until_signal(server, cfg.grace,
-                           on_ready=lambda: log_start(kind, cfg, port, engine.model.vocab_size))
+                           on_ready=lambda: log_start(kind, cfg, port, engine.model))
     finally:
         engine.model.metrics.close()
     return 0

@@ -60,6 +60,8 @@ def run(args: argparse.Namespace) -> int:
         for role, module, flags, cpu in (("target", "target_service", TARGET_ARGS, cpus[-1]),
                                          ("draft", "draft_service", DRAFT_ARGS, cpus[0])):
             a = ["--model", args.model, "--port", "0", "--threads", str(args.threads), *flags]
+            if role == "target":
+                a += ["--inference-precision", args.precision]
             if pin:
                 a += ["--cpus", str(cpu)]
             procs[role] = launcher.start(module, a, timeout=300)
@@ -67,10 +69,12 @@ def run(args: argparse.Namespace) -> int:
         service = build_service(CoordinatorConfig(target=procs["target"].address,
                                                   draft=procs["draft"].address))
         scenarios = _scenarios(service, ks, peers, target_ir, draft_ir, hf, args, say)
-        piped = build_service(CoordinatorConfig(target=procs["target"].address,
-                                                draft=procs["draft"].address, pipeline=True))
         k_pipe = 4 if 4 in ks else ks[-1]
-        scenarios.insert(len(ks) + 1, SystemScenario(piped, k_pipe, " pipelined"))
+        for i, variant in enumerate(v for v in args.loops.split(",") if v.strip()):
+            label, options = LOOPS[variant.strip()]
+            loop = build_service(CoordinatorConfig(target=procs["target"].address,
+                                                   draft=procs["draft"].address, **options))
+            scenarios.insert(len(ks) + 1 + i, SystemScenario(loop, k_pipe, label))
         samples: dict[float, list] = {t: [] for t in temps}
         failed: dict[str, str] = {}  # "scenario @ temperature" -> error (a peer's, not ours)
         jobs = [(rep, t, m) for rep in range(args.repeats) for t in temps for m in messages]
@@ -100,7 +104,10 @@ def run(args: argparse.Namespace) -> int:
                                        progress=lambda xs: tqdm(xs, desc="rtt", unit="rtt"))
         rss = {role: _peak_rss_mb(p.proc.pid) for role, p in procs.items()}
     rows = [r for t in temps for r in report.summarise(samples[t], t)]
-    meta = {"machine": machine(), "model": f"{args.model} (OpenVINO fp32 target, int8 draft)",
+    meta = {"machine": machine(),
+            "model": f"{args.model} (OpenVINO fp32 target computing in {args.precision}, int8 "
+                     "draft)",
+            "precision": args.precision,
             "prompts": len(messages), "max_new_tokens": args.max_new_tokens,
             "repeats": args.repeats, "pinned": pin, "threads_per_service": args.threads,
             "command": " ".join(sys.argv), "date": time.strftime("%Y-%m-%d"),
@@ -127,6 +134,16 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+# --loops: name -> (scenario label, CoordinatorConfig options)
+LOOPS = {
+    "pipelined": (" pipelined", dict(pipeline=True)),
+    "pipelined-exit": (" pipelined + confidence exit", dict(pipeline=True, confidence_exit=True)),
+    "pipelined-adaptive": (" pipelined + adaptive K", dict(pipeline=True, adaptive_k=True)),
+    "exit": (" + confidence exit", dict(confidence_exit=True)),
+    "adaptive": (" + adaptive K", dict(adaptive_k=True)),
+}
+
+
 def _sampled(scenario, ks) -> bool:
     from specdec.bench.scenarios import GenAIScenario, SystemScenario
 
@@ -144,13 +161,14 @@ def _scenarios(service, ks, peers, target_ir, draft_ir, hf, args, say):
     if "inprocess" in peers:
         from specdec.runtime.openvino_backend import OpenVINOBackend
 
-        backend = OpenVINOBackend(target_ir, "CPU", threads=args.threads)
+        backend = OpenVINOBackend(target_ir, "CPU", threads=args.threads,
+                                  inference_precision=args.precision)
         scenarios.append(InProcessTarget(backend, tokenizer, service.eos_token_ids))
     if "genai" in peers:
         try:
             for mode in ("plain", "speculative", "lookup"):
                 scenarios.append(GenAIScenario(target_ir, draft_ir, mode, k_peer,
-                                               args.threads, tokenizer))
+                                               args.threads, tokenizer, args.precision))
         except ImportError:
             say("note: openvino-genai is not installed; skipping its scenarios")
     if "hf" in peers:
@@ -194,6 +212,14 @@ def add_parser(sub) -> None:
     p.add_argument("--threads", type=int, default=1,
                    help="threads per model service and per peer (default: %(default)s)")
     p.add_argument("--model", default="smollm2-135m", help="model (default: %(default)s)")
+    p.add_argument("--precision", default="f32", choices=["f32", "bf16", "f16", "auto"],
+                   help="what the target computes in, for specdec's target service and for "
+                        "every in-process peer's target alike (OpenVINO's CPU default is "
+                        "bf16 where the CPU has it); drafts use their defaults "
+                        "(default: %(default)s)")
+    p.add_argument("--loops", default="pipelined,pipelined-exit,pipelined-adaptive",
+                   help="loop variants run at K=4 besides the sequential K sweep, among "
+                        f"{', '.join(LOOPS)}; empty = none (default: %(default)s)")
     p.add_argument("--rtt", default="0,1,5,20",
                    help="injected round-trip times (ms) for the sequential vs pipelined sweep; "
                         "empty = skip (default: %(default)s)")
@@ -201,9 +227,14 @@ def add_parser(sub) -> None:
                    help="folder for bench.json, bench.md and the plots (default: %(default)s)")
 
     def main(args) -> int:
+        unknown = [v for v in args.loops.split(",") if v.strip() and v.strip() not in LOOPS]
+        if unknown:
+            p.error(f"--loops: unknown variant(s) {', '.join(unknown)}; choose among "
+                    f"{', '.join(LOOPS)}")
         if args.quick:
             args.k, args.repeats, args.max_new_tokens = "4", 1, 32
             args.temperatures, args.peers, args.rtt = "0", "inprocess,genai", "0,20"
+            args.loops = "pipelined"
         return run(args)
 
     p.set_defaults(func=main)

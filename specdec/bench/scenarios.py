@@ -121,13 +121,17 @@ class InProcessTarget:
 class GenAIScenario:
     """OpenVINO GenAI's in-process LLMPipeline: plain, speculative, or prompt lookup."""
 
-    def __init__(self, target_ir, draft_ir, mode: str, k: int, threads: int, tokenizer):
+    def __init__(self, target_ir, draft_ir, mode: str, k: int, threads: int, tokenizer,
+                 precision: str = "auto"):
         import openvino_genai as og
 
-        cfg = {"INFERENCE_NUM_THREADS": threads} if threads else {}
+        draft_cfg = {"INFERENCE_NUM_THREADS": threads} if threads else {}
+        cfg = dict(draft_cfg)  # the target computes in what specdec's target does
+        if precision != "auto":
+            cfg["INFERENCE_PRECISION_HINT"] = precision
         self.tokenizer, self.mode, self.k = tokenizer, mode, k
         if mode == "speculative":
-            draft = og.draft_model(str(draft_ir), "CPU", **cfg)
+            draft = og.draft_model(str(draft_ir), "CPU", **draft_cfg)
             self.pipe = og.LLMPipeline(str(target_ir), "CPU", draft_model=draft, **cfg)
             self.name = f"OpenVINO GenAI speculative K={k}"
         elif mode == "lookup":

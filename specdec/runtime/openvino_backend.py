@@ -37,6 +37,8 @@ KV_PRECISIONS = ("f32", "f16", "u8")
 
 
 ROLLBACKS = ("mask", "trim")
+# auto = the plugin's default: bf16 on CPUs with native bf16 (AVX-512 BF16, AMX), else f32.
+PRECISIONS = ("auto", "f32", "bf16", "f16")
 
 
 @dataclass
@@ -52,7 +54,8 @@ class OpenVINOBackend:
 
     def __init__(self, ir_dir: str | Path, device: str = "CPU", threads: int = 0,
                  kv_cache_precision: str = "f32", performance_hint: str = "LATENCY",
-                 model_id: str | None = None, rollback: str = "mask", max_stale: int = 64):
+                 model_id: str | None = None, rollback: str = "mask", max_stale: int = 64,
+                 inference_precision: str = "f32"):
         import openvino as ov
         from transformers import AutoTokenizer
 
@@ -68,9 +71,12 @@ class OpenVINOBackend:
         self.rollback, self.max_stale = rollback, max_stale
         if kv_cache_precision not in KV_PRECISIONS:
             raise ValueError(f"kv cache precision must be one of {KV_PRECISIONS}")
+        if inference_precision not in PRECISIONS:
+            raise ValueError(f"inference precision must be one of {PRECISIONS}")
         config = {"KV_CACHE_PRECISION": kv_cache_precision}
+        if inference_precision != "auto":
+            config["INFERENCE_PRECISION_HINT"] = inference_precision
         if device.startswith("CPU"):
-            config["INFERENCE_PRECISION_HINT"] = "f32"
             # Pinning fights with a second process on the same cores; use --cpus instead.
             config["ENABLE_CPU_PINNING"] = False
         if threads > 0:
@@ -78,6 +84,11 @@ class OpenVINOBackend:
         if performance_hint:
             config["PERFORMANCE_HINT"] = performance_hint
         self.compiled = core.compile_model(str(ir_dir / IR_FILE), device, config)
+        try:  # what the plugin resolved "auto" to, for logs and bench reports
+            self.inference_precision = \
+                self.compiled.get_property("INFERENCE_PRECISION_HINT").to_string()
+        except Exception:  # noqa: BLE001 - not every plugin reports it
+            self.inference_precision = inference_precision
         hf_config = json.loads((ir_dir / "config.json").read_text())
         tokenizer = AutoTokenizer.from_pretrained(str(ir_dir), local_files_only=True)
         self.vocab_size = int(hf_config["vocab_size"])

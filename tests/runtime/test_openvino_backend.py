@@ -114,3 +114,16 @@ def test_int8_weights_and_u8_kv_cache_run(tmp_path):
     backend = OpenVINOBackend(ir, "CPU", threads=1, kv_cache_precision="u8")
     logits = fresh(backend, PROMPT)
     assert logits.shape == (1, backend.vocab_size) and torch.isfinite(logits).all()
+
+
+def test_inference_precision_is_a_setting(ir_dir):
+    f32 = OpenVINOBackend(ir_dir, "CPU", threads=1)
+    assert f32.inference_precision == "f32"  # the default keeps a target faithful
+    auto = OpenVINOBackend(ir_dir, "CPU", threads=1, inference_precision="auto")
+    assert auto.inference_precision in ("f32", "bf16", "f16")  # what the plugin chose
+    logits = fresh(auto, PROMPT)
+    assert torch.isfinite(logits).all()
+    # Whatever it computes in, the most likely next token barely moves on this model.
+    assert int(logits.argmax()) == int(fresh(f32, PROMPT).argmax())
+    with pytest.raises(ValueError, match="inference precision"):
+        OpenVINOBackend(ir_dir, "CPU", threads=1, inference_precision="fp64")

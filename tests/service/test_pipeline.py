@@ -35,20 +35,30 @@ def test_pipelined_greedy_equals_target_only(loops, prompt, k, draft_server):
     assert ids == base
     assert stats.pipelined_rounds > 0  # some pre-drafts were used...
     assert stats.predrafts_wasted > 0  # ...and some thrown away (the tiny draft errs)
-    # Every round that drafted started one pre-draft (a last round of K=0 does not); each
-    # was used by the next round or discarded (at the latest when the generation ended).
-    assert stats.rounds - 1 <= stats.pipelined_rounds + stats.predrafts_wasted <= stats.rounds
+    # Every pre-draft was used by the next round or discarded (at the latest when the
+    # generation ended); rounds near the end start none (the next could not use it).
+    assert stats.pipelined_rounds + stats.predrafts_wasted == stats.predrafts_started
+    assert stats.predrafts_started <= stats.rounds - 1
+    # Wasted pre-drafts are called off mid-flight; what the loop then assumes the draft
+    # holds must be true, or the next Propose would need a resync.
+    assert stats.resyncs == 0
+    # Round 1 is the target's alone while the draft prefills (both prefills overlap).
+    assert stats.k_per_round[0] == 0
     assert len(draft_server[1].model.store) == 0  # sessions released after the last one
 
 
 @pytest.mark.parametrize("seed", range(6))
-def test_pipelined_sampled_output_is_the_sequential_output(loops, seed):
-    sequential, pipelined = loops
+def test_pipelined_sampled_output_depends_on_the_seed_only(loops, seed):
+    """Pipelined rounds are laid out differently from sequential ones (the first token is
+    the target's alone, while the draft prefills), so a seed draws another, equally
+    valid sample (the chi-square tests check the law); but always the same one."""
+    _, pipelined = loops
     params = SamplingParams(temperature=1.0, top_k=8, seed=seed)
-    a, sa = run(sequential, PROMPTS[seed % 3], params, 3)
+    a, sa = run(pipelined, PROMPTS[seed % 3], params, 3)
     b, sb = run(pipelined, PROMPTS[seed % 3], params, 3)
     assert a == b
     assert (sa.rounds, sa.accepted_tokens) == (sb.rounds, sb.accepted_tokens)
+    assert sa.predrafts_started > 0
 
 
 def test_generation_stats_and_metrics_report_pipelining(draft_server, target_server):
@@ -63,7 +73,7 @@ def test_generation_stats_and_metrics_report_pipelining(draft_server, target_ser
     service.loop.metrics = metrics
 
     def req(k):
-        return generate_pb2.GenerateRequest(prompt_token_ids=[5, 6, 7], max_new_tokens=40,
+        return generate_pb2.GenerateRequest(prompt_token_ids=[1, 2, 3, 4, 5], max_new_tokens=48,
                                             num_draft_tokens=k)
 
     base, piped = service.generate(req(0)), service.generate(req(4))
@@ -73,12 +83,12 @@ def test_generation_stats_and_metrics_report_pipelining(draft_server, target_ser
     used = metrics.predrafts.labels("used")._value.get()
     wasted = metrics.predrafts.labels("wasted")._value.get()
     assert used == piped.stats.pipelined_rounds
-    assert piped.stats.rounds - 1 <= used + wasted <= piped.stats.rounds
+    assert used + wasted <= piped.stats.rounds - 1
 
 
 def test_injected_latency_and_jitter_change_timing_not_text(draft_server, target_server):
     """With 20 ms RTT +-10 ms jitter: pipelined rounds overlap (counted in stats), and the
-    same seed gives the same text as without any injected latency."""
+    same seed gives the same text as the pipelined loop without any injected latency."""
     from coordinator.config import CoordinatorConfig
     from coordinator.setup import build_service
     from specdec.v1 import common_pb2, generate_pb2
@@ -87,7 +97,7 @@ def test_injected_latency_and_jitter_change_timing_not_text(draft_server, target
         return build_service(CoordinatorConfig(draft=draft_server[0], target=target_server[0],
                                                **kw))
 
-    plain = service()
+    plain = service(pipeline=True)
     slow = service(pipeline=True, inject_rtt_ms=20, inject_jitter_ms=10)
     req = generate_pb2.GenerateRequest(
         prompt_token_ids=[9, 8, 7], max_new_tokens=24, num_draft_tokens=3,
@@ -111,5 +121,6 @@ def test_adaptive_k_greedy_equals_target_only(draft_client, target_client, pipel
         ids, stats = run(loop, prompt, SamplingParams(), 4, n=64)
         assert ids == base
         assert len(stats.k_per_round) == stats.rounds
-        # Within [1, max]; the last round may be shorter (only the tokens still missing).
-        assert all(1 <= k <= 16 for k in stats.k_per_round[:-1])
+        # Within [1, max]; the last round may be shorter (only the tokens still missing),
+        # and a pipelined first round is the target's alone (the draft prefills meanwhile).
+        assert all(1 <= k <= 16 for k in stats.k_per_round[int(pipeline):-1])

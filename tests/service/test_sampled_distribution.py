@@ -8,6 +8,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
+from coordinator.adaptive import ConfidenceExit
 from coordinator.loop import SpeculativeLoop
 from specdec.sampling import SamplingParams, process_logits
 
@@ -15,14 +16,17 @@ PROMPT = [31, 415, 92, 65]
 TRIALS = 1500
 
 
-def target_joint(backend, params: SamplingParams) -> dict[tuple[int, int], float]:
-    """Exact P(t1, t2) = p(t1 | prompt) * p(t2 | prompt, t1) from the target model."""
-    p1 = process_logits(backend.forward(backend.new_cache(), PROMPT)[0], params)
-    joint = {}
-    for t1 in p1.nonzero().flatten().tolist():
-        p2 = process_logits(backend.forward(backend.new_cache(), PROMPT + [t1])[0], params)
-        for t2 in p2.nonzero().flatten().tolist():
-            joint[(t1, t2)] = float(p1[t1] * p2[t2])
+def target_joint(backend, params: SamplingParams, n: int = 2) -> dict[tuple[int, ...], float]:
+    """Exact P(t1..tn) = p(t1 | prompt) * p(t2 | prompt, t1) * ... from the target model."""
+    joint: dict[tuple[int, ...], float] = {(): 1.0}
+    for _ in range(n):
+        longer = {}
+        for prefix, prob in joint.items():
+            p = process_logits(backend.forward(backend.new_cache(), PROMPT + list(prefix))[0],
+                               params)
+            for t in p.nonzero().flatten().tolist():
+                longer[prefix + (t,)] = prob * float(p[t])
+        joint = longer
     return joint
 
 
@@ -70,6 +74,43 @@ def test_two_token_joint_matches_target(draft_client, target_client, target_serv
     assert 0 < accepted < drafted  # both accept and reject paths were exercised
     p_value = chi_square_p_value(counts, expected, TRIALS)
     print(f"chi-square p = {p_value:.3f}, acceptance = {accepted / drafted:.2f}")
+    assert p_value > 1e-3, (p_value, counts.most_common(8))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("mode", "k"),
+    [
+        (dict(pipeline=True), 1),
+        (dict(pipeline=True, confidence_exit=ConfidenceExit(0.3)), 2),
+        (dict(confidence_exit=ConfidenceExit(0.3)), 3),
+    ],
+    ids=["pipelined-K1", "pipelined-exit-K2", "exit-K3"],
+)
+def test_three_token_joint_matches_target_when_pipelined_or_exiting(
+        draft_client, target_client, target_server, mode, k):
+    """Pre-drafts and early exits change which rounds produce tokens 2 and 3; their joint
+    law must still be the target's. Generations run on past 3 tokens so that round 1
+    starts a pre-draft (one that could not be used is never started)."""
+    params = SamplingParams(temperature=1.0, top_k=4)
+    expected = target_joint(target_server[1].model.backend, params, n=3)
+    loop = SpeculativeLoop(draft_client, target_client, **mode)
+    counts: Counter = Counter()
+    pipelined = exits = accepted = drafted = 0
+    for seed in range(TRIALS):
+        trial = SamplingParams(params.temperature, params.top_k, params.top_p, seed)
+        result = loop.generate(PROMPT, 6, trial, num_draft_tokens=k)
+        counts[tuple(result.token_ids[:3])] += 1
+        pipelined += result.stats.pipelined_rounds
+        exits += result.stats.confidence_exits
+        accepted += result.stats.accepted_tokens
+        drafted += result.stats.drafted_tokens
+    assert 0 < accepted < drafted
+    assert (pipelined > 0) == bool(mode.get("pipeline"))  # the modes were exercised
+    assert (exits > 0) == ("confidence_exit" in mode)
+    p_value = chi_square_p_value(counts, expected, TRIALS)
+    print(f"chi-square p = {p_value:.3f}, acceptance = {accepted / drafted:.2f}, "
+          f"pipelined rounds = {pipelined}, exits = {exits}")
     assert p_value > 1e-3, (p_value, counts.most_common(8))
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from coordinator.adaptive import AdaptiveK
+from coordinator.adaptive import AdaptiveK, ConfidenceExit
 
 
 def feed(adaptive: AdaptiveK, agree: bool, rounds: int = 30, d=0.01, v0=0.05, v1=0.005):
@@ -21,8 +21,9 @@ def test_a_draft_that_always_agrees_pushes_k_up(pipelined):
     adaptive.observe(0, 0, False, None, 0.05)
     feed(adaptive, agree=True)
     # Sequential: longer is always better when every draft is accepted (K_max). Pipelined:
-    # up to where drafting K tokens takes as long as verifying them (K d = v(K) at K=10).
-    assert adaptive.k == (10 if pipelined else 16) and adaptive.alpha > 0.99
+    # up to where drafting K+1 tokens (K and the guess at the bonus) takes as long as
+    # verifying K ((K+1) d = v(K) at K=8); past it the draft is the bottleneck.
+    assert adaptive.k == (8 if pipelined else 16) and adaptive.alpha > 0.99
 
 
 @pytest.mark.parametrize("pipelined", [False, True])
@@ -49,3 +50,36 @@ def test_a_pipelined_round_never_costs_more_than_a_sequential_one():
     assert seq.alpha == pytest.approx(0.8, abs=0.01)
     for k in range(1, 17):
         assert pipe.round_seconds(k) <= seq.round_seconds(k) + 1e-12
+
+
+def exit_after(rounds: int, accepted_of_4: int, **kw) -> ConfidenceExit:
+    ce = ConfidenceExit(**kw)
+    for _ in range(rounds):
+        ce.observe(4, accepted_of_4)
+        assert 0.0 <= ce.threshold <= ce.max_threshold
+    return ce
+
+
+def test_confidence_exit_rises_for_a_draft_that_never_agrees():
+    ce = exit_after(40, 0, threshold=0.3)
+    assert ce.threshold == pytest.approx(ce.max_threshold)  # stops after one token
+    assert ce.acceptance == pytest.approx(0.0)
+
+
+def test_confidence_exit_falls_for_a_draft_that_always_agrees():
+    ce = exit_after(40, 4, threshold=0.3)
+    assert ce.threshold == 0.0  # never exits: full rounds
+    assert ce.acceptance == pytest.approx(1.0)
+
+
+def test_confidence_exit_moves_smoothly_towards_the_target():
+    ce = ConfidenceExit(threshold=0.3, target_acceptance=0.8)
+    ce.observe(4, 2)  # 0.5 <= 0.8: up, by (1 - beta2) * step
+    assert ce.threshold == pytest.approx(0.3 + 0.5 * 0.05)
+    ce.observe(4, 4)  # smoothed acceptance 0.75: still below the target, still up
+    assert ce.acceptance == pytest.approx(0.75)
+    assert ce.threshold == pytest.approx(0.3 + 2 * 0.5 * 0.05)
+    ce.observe(0, 0)  # a round without drafts says nothing
+    assert ce.acceptance == pytest.approx(0.75)
+    ce.observe(4, 4)  # 0.875 > 0.8: down
+    assert ce.threshold == pytest.approx(0.3 + 0.5 * 0.05)
