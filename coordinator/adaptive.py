@@ -35,9 +35,10 @@ class AdaptiveK:
         return new if old is None else (1 - self.smoothing) * old + self.smoothing * new
 
     def observe(self, k: int, accepted: int, rejected: bool, propose_s: float | None,
-                verify_s: float) -> None:
+                verify_s: float, proposed: int = 0) -> None:
         """One round's outcome: `accepted` of `k` drafts, whether one was rejected, and the
-        Propose (None when pre-drafted) and Verify latencies."""
+        Propose (None when pre-drafted; it drafted `proposed` tokens, default k) and
+        Verify latencies."""
         if k <= 0:
             self.verify_base_s = self._ema(self.verify_base_s, verify_s)
             return
@@ -46,7 +47,8 @@ class AdaptiveK:
         if trials:
             self.alpha = self._ema(self.alpha, accepted / trials)
         if propose_s is not None:
-            self.draft_s_per_token = self._ema(self.draft_s_per_token, propose_s / k)
+            self.draft_s_per_token = self._ema(self.draft_s_per_token,
+                                               propose_s / max(proposed or k, 1))
         base = self.verify_base_s if self.verify_base_s is not None else verify_s
         slope = max(0.0, (verify_s - base) / k)
         self.verify_per_token_s = self._ema(self.verify_per_token_s, slope)

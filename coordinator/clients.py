@@ -63,12 +63,15 @@ class WireBytes:
     sent: int = 0
     received: int = 0
     recent: deque[Call] = field(default_factory=lambda: deque(maxlen=10_000))
+    # Pre-drafts report from worker threads while the loop reports from its own.
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def add(self, request, response, started: float) -> None:
         call = Call(request.ByteSize(), response.ByteSize(), time.perf_counter() - started)
-        self.recent.append(call)
-        self.sent += call.request_bytes
-        self.received += call.reply_bytes
+        with self._lock:
+            self.recent.append(call)
+            self.sent += call.request_bytes
+            self.received += call.reply_bytes
 
 
 class Cancel:

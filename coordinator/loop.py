@@ -53,7 +53,7 @@ log = logging.getLogger(__name__)
 RESYNC_CODES = (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.NOT_FOUND)
 # A called-off pre-draft holds the draft session until its current step ends; the next
 # Propose on it is ABORTED meanwhile and retried this long.
-BUSY_RETRY_S = 2.0
+BUSY_RETRY_S = 10.0
 
 
 @dataclass
@@ -137,10 +137,11 @@ class SpeculativeLoop:
                 decision = run.round(k, remaining)
                 metrics.round(time.perf_counter() - started)
                 run.stats.k_per_round.append(run.last_k)
-                if adaptive is not None and run.last_verify_s is not None:
+                if adaptive is not None and run.last_verify_s is not None and \
+                        run.round_index > 1:  # round 1's Verify is mostly prefill
                     rejected = any(kind == TokenKind.RECOVERED for kind in decision.kinds)
                     adaptive.observe(run.last_k, decision.num_accepted, rejected,
-                                     run.last_propose_s, run.last_verify_s)
+                                     run.last_propose_s, run.last_verify_s, run.last_proposed)
                 tokens, kinds = decision.tokens[:remaining], decision.kinds[:remaining]
                 stop = next((i for i, t in enumerate(tokens) if t in eos_token_ids), None)
                 if stop is not None:
@@ -221,6 +222,7 @@ class _Generation:
         self.draft_failures = 0
         # Latencies of the last round, for adaptive K (propose None when pre-drafted).
         self.last_k, self.last_propose_s, self.last_verify_s = 0, None, None
+        self.last_proposed = 0  # tokens the last fresh Propose drafted (K, K+1 pipelined)
         self.pending: _PreDraft | None = None
         self.exit = replace(loop.confidence_exit) \
             if loop.confidence_exit is not None and loop.draft is not None else None
@@ -345,7 +347,7 @@ class _Generation:
         """One round of at most k drafts; `remaining` tokens are still wanted."""
         self.round_index += 1
         self.stats.rounds += 1
-        committed = self.committed.tokens
+        committed = list(self.committed.tokens)  # a snapshot: commit() extends the original
         round_seed = derive_seed(self.sampling.seed, "round", self.round_index)
         # Always draw K uniforms, so the random stream does not depend on outcomes.
         u = torch.rand(max(k, 0), generator=self.uniforms, dtype=torch.float64).tolist()
@@ -363,6 +365,7 @@ class _Generation:
             t0 = time.perf_counter()
             proposal = self._propose(k + 1 if pipelining else k)
             self.last_propose_s = time.perf_counter() - t0 if proposal is not None else None
+            self.last_proposed = len(proposal.tokens) if proposal is not None else 0
         if proposal is not None:
             if proposal.exited_early:
                 self.stats.confidence_exits += 1
@@ -426,10 +429,17 @@ class _Generation:
         except grpc.FutureCancelledError:
             proposal, view_tokens = None, pre.surely_held
         except grpc.RpcError as e:
+            self.stats.predrafts_wasted += 1
+            self.metrics.predraft(used=False)
             self.draft_view.forget()
-            if self.draft is not None:
-                self._draft_failed(e)
+            if self.draft is not None and e.code() not in RESYNC_CODES + (
+                    grpc.StatusCode.ABORTED,):
+                self._draft_failed(e)  # the next Propose re-prefills; no back-off for those
             return None
+        if not useful and not pre.lead:
+            # Whether the call-off or the reply won the race, assume the same: the next
+            # Propose then splits its work the same way, whatever the timing.
+            view_tokens = pre.surely_held
         self.draft_view.holds(view_tokens)
         if useful and pre.lead:
             useful = pre.assumed + proposal.tokens[:pre.lead] == committed and \
@@ -466,8 +476,8 @@ class _Generation:
 
         # Called off at any point, the draft still holds the kept prefix: a request never
         # crops below its keep_len, and what it fed before stopping only adds to it.
-        self.pending = _PreDraft(self.loop._executor.submit(predraft), assumed_tokens, cancel,
-                                 assumed.tokens[:keep_len], lead)
+        self.pending = _PreDraft(self.loop._executor.submit(predraft), list(assumed_tokens),
+                                 cancel, assumed.tokens[:keep_len], lead)
         self.stats.predrafts_started += 1
 
     def _propose(self, k: int) -> Proposal | None:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specdec.errors import require
+from specdec.errors import Cancelled, require
 from specdec.runtime.cached_model import CachedModel, ServiceInfo, SyncArgs
 from specdec.sampling import (
     DEFAULT_TOP_N,
@@ -68,9 +68,12 @@ class DraftEngine:
 
     def propose(self, args: ProposeArgs,
                 cancelled: Callable[[], bool] = lambda: False) -> ProposeResult:
-        """`cancelled()` is checked before each draft step: a request its client has
-        called off stops early and leaves the session consistent (what was fed stays)."""
+        """`cancelled()` is checked before the request touches the session and before each
+        draft step: a request its client has called off does nothing, or stops early and
+        leaves the session consistent (what was fed stays)."""
         top_n = self.validate(args)
+        if cancelled():  # e.g. it waited behind other sessions' work
+            raise Cancelled("the client called this request off")
         params = args.sampling
         # Seeded by the request's content: the same request on the same state gives the
         # same answer (safe to retry), and different prefixes draw independently.

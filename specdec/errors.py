@@ -42,6 +42,12 @@ class Aborted(SpecdecError):
     code = "ABORTED"
 
 
+class Cancelled(SpecdecError):
+    """The client called the request off before the server started on it."""
+
+    code = "CANCELLED"
+
+
 class Unavailable(SpecdecError):
     code = "UNAVAILABLE"
 

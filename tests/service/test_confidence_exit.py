@@ -119,7 +119,7 @@ def test_a_called_off_propose_stops_early_and_leaves_the_session_usable(draft_se
     args = ProposeArgs(session_id="ce-cancel", keep_len=0, keep_digest=digest.digest([]),
                        new_tokens=prefix, num_tokens=8)
     try:
-        cut = engine.propose(args, cancelled=lambda: next(steps) >= 2)
+        cut = engine.propose(args, cancelled=lambda: next(steps) >= 3)  # 1 entry + 2 steps
         assert len(cut.tokens) == 3 and cut.cached_len == len(prefix) + 2
         # The session holds what was fed: a follow-up keeps all of it.
         held = prefix + cut.tokens[:2]
@@ -132,3 +132,16 @@ def test_a_called_off_propose_stops_early_and_leaves_the_session_usable(draft_se
         assert cut.tokens + more.tokens == full.tokens  # greedy: same continuation
     finally:
         engine.release("ce-cancel")
+
+
+def test_a_request_called_off_before_it_starts_leaves_the_session_alone(draft_server):
+    from draft_service.engine import ProposeArgs
+    from specdec import digest
+    from specdec.errors import Cancelled
+
+    engine = draft_server[1]
+    args = ProposeArgs(session_id="ce-early", keep_len=0, keep_digest=digest.digest([]),
+                       new_tokens=[1, 2, 3], num_tokens=4)
+    with pytest.raises(Cancelled):
+        engine.propose(args, cancelled=lambda: True)
+    assert not engine.release("ce-early")  # never created

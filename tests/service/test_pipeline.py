@@ -124,3 +124,34 @@ def test_adaptive_k_greedy_equals_target_only(draft_client, target_client, pipel
         # Within [1, max]; the last round may be shorter (only the tokens still missing),
         # and a pipelined first round is the target's alone (the draft prefills meanwhile).
         assert all(1 <= k <= 16 for k in stats.k_per_round[int(pipeline):-1])
+
+
+@pytest.fixture(scope="module")
+def perfect_draft():
+    """A draft service running the target's own model: every guess holds."""
+    from draft_service.__main__ import create
+    from draft_service.config import DraftConfig
+
+    server, port, _ = create(DraftConfig(model="tiny-random", port=0))
+    server.start()
+    yield f"127.0.0.1:{port}"
+    server.stop(0)
+
+
+def test_a_perfect_draft_pipelines_every_round_after_the_prefill(perfect_draft, target_client):
+    """Round 1 is the target's alone while the draft prefills and drafts from the prompt;
+    its first token stands for the target's. With the target's own model as the draft
+    every guess holds, so every later round uses a pre-draft, round 2 included."""
+    import grpc as grpc_
+
+    from coordinator.clients import DraftClient
+
+    with grpc_.insecure_channel(perfect_draft) as channel:
+        loop = SpeculativeLoop(DraftClient(channel), target_client, pipeline=True)
+        base, _ = run(SpeculativeLoop(None, target_client), PROMPTS[0], SamplingParams(), 0)
+        ids, stats = run(loop, PROMPTS[0], SamplingParams(), 4)
+    assert ids == base
+    assert stats.k_per_round[0] == 0 and stats.k_per_round[1] == 4
+    assert stats.predrafts_wasted == 0 and stats.rejections == 0
+    assert stats.pipelined_rounds == stats.rounds - 1  # every round but the first
+    assert stats.pipelined_rounds == stats.predrafts_started
