@@ -99,6 +99,8 @@ class SpeculativeLoop:
                  confidence_exit: ConfidenceExit | None = None):
         self.pipeline = pipeline
         self.adaptive = adaptive  # choose K per round (coordinator.adaptive); K = the start
+        # Pipelined: round 1 is the target's alone while the draft prefills (see round()).
+        self.prefill_overlap = True
         # The confidence exit's starting state; each generation adapts its own copy.
         self.confidence_exit = confidence_exit
         self.max_propose = max_propose  # the draft's max_draft_tokens (K+1 when pipelining)
@@ -355,6 +357,7 @@ class _Generation:
         proposal = self._take_predraft(k)
         self.last_propose_s = None
         if pipelining and self.round_index == 1 and remaining >= 3 and \
+                self.loop.prefill_overlap and \
                 self.loop.max_propose >= 3 and self._draft_replica() is not None:
             # Overlap the two prefills: the target decodes the first token alone while the
             # draft prefills and proposes from the prompt, its own first token standing in

@@ -27,6 +27,10 @@ from specdec.sampling import (
 )
 from specdec.verify import SparseQ
 
+# How long a Propose waits for its session when another request still holds it (the
+# coordinator calls wasted pre-drafts off; they stop at their next token) before ABORTED.
+BUSY_WAIT_S = 0.5
+
 
 @dataclass
 class ProposeArgs(SyncArgs):
@@ -49,6 +53,7 @@ class DraftEngine:
         self.model = model
         self.max_draft_tokens = max_draft_tokens
         self.default_top_n = default_top_n
+        self.busy_wait_s = BUSY_WAIT_S
 
     def info(self) -> ServiceInfo:
         return self.model.info(self.max_draft_tokens, self.default_top_n)
@@ -82,8 +87,9 @@ class DraftEngine:
         tokens: list[int] = []
         dists: list[SparseQ] = []
         needed = args.keep_len + len(args.new_tokens) + args.num_tokens - 1
+        # A session still busy is most likely a called-off pre-draft finishing its step.
         with self.model.store.use(args.session_id, args.keep_len, args.keep_digest,
-                                  needed) as s:
+                                  needed, busy_wait_s=self.busy_wait_s) as s:
             logits = self.model.sync(s, args, keep_last=1)[0]
             for i in range(args.num_tokens):
                 probs = process_logits(logits, params)

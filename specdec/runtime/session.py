@@ -74,6 +74,7 @@ class SessionStore:
         self.max_cached_tokens = max_cached_tokens
         self._clock = clock
         self._lock = threading.Lock()
+        self._returned = threading.Condition(self._lock)  # a busy session came back
         self._idle: dict[str, Session] = {}  # sessions at rest, least recently used first
         self._busy: dict[str, int] = {}  # checked out -> positions reserved for the request
         self._release_on_return: set[str] = set()
@@ -85,17 +86,22 @@ class SessionStore:
     # -- check-out / put-back --------------------------------------------------------
 
     def checkout(self, session_id: str, keep_len: int, keep_digest: int,
-                 needed_tokens: int = 0) -> Session:
+                 needed_tokens: int = 0, busy_wait_s: float = 0.0) -> Session:
         """Take a session out of the store, validated against (keep_len, keep_digest).
 
         keep_len == 0 creates the session or restarts it. `needed_tokens` is how many
         positions the session will cache once the request is done (for the budget).
         Raises NotFound, FailedPrecondition, ResourceExhausted or Aborted without
-        changing the session (idle sessions may be evicted to make room).
+        changing the session (idle sessions may be evicted to make room). A session busy
+        with another request is waited for up to `busy_wait_s` before Aborted.
         The caller must crop the cache to keep_len (via `session.truncate` and the
         backend) and then call `put_back` or `drop`.
         """
         with self._lock:
+            if session_id in self._busy and busy_wait_s > 0:
+                deadline = time.monotonic() + busy_wait_s
+                while session_id in self._busy and time.monotonic() < deadline:
+                    self._returned.wait(deadline - time.monotonic())
             now = self._clock()
             self._evict_expired(now)
             if session_id in self._busy:
@@ -164,6 +170,7 @@ class SessionStore:
     def put_back(self, session: Session) -> None:
         with self._lock:
             self._busy.pop(session.session_id, None)
+            self._returned.notify_all()
             if session.session_id in self._release_on_return:
                 self._release_on_return.discard(session.session_id)
                 self._released += 1
@@ -176,12 +183,13 @@ class SessionStore:
         with self._lock:
             self._busy.pop(session.session_id, None)
             self._release_on_return.discard(session.session_id)
+            self._returned.notify_all()
 
     @contextmanager
     def use(self, session_id: str, keep_len: int, keep_digest: int,
-            needed_tokens: int = 0) -> Iterator[Session]:
+            needed_tokens: int = 0, busy_wait_s: float = 0.0) -> Iterator[Session]:
         """Check out, yield, then put back on success or drop on any exception."""
-        session = self.checkout(session_id, keep_len, keep_digest, needed_tokens)
+        session = self.checkout(session_id, keep_len, keep_digest, needed_tokens, busy_wait_s)
         try:
             yield session
         except BaseException:

@@ -473,3 +473,15 @@ def test_reaper_evicts_idle_sessions_without_traffic():
         assert len(store) == 0 and store.stats().evicted_idle == 1
     finally:
         store.stop_reaper()
+
+
+def test_a_busy_session_can_be_waited_for():
+    store, _ = make_store()
+    s = store.checkout("a", 0, 0)
+    s.append([1])
+    threading.Timer(0.05, store.put_back, args=(s,)).start()
+    t0 = time.monotonic()
+    again = store.checkout("a", 1, d([1]), busy_wait_s=5.0)  # returned after ~50 ms
+    assert again is s and time.monotonic() - t0 < 4.0
+    with pytest.raises(Aborted):  # still busy when the wait ends
+        store.checkout("a", 1, d([1]), busy_wait_s=0.05)
