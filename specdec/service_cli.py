@@ -67,9 +67,11 @@ def add_model_service_flags(p: argparse.ArgumentParser, default_port: int,
     p.add_argument("--inference-precision", default=default_precision, choices=PRECISIONS,
                    help="openvino: precision the plugin computes in. auto = the device's "
                         "fastest (bf16 on CPUs with AVX-512 BF16 or AMX, else f32). A "
-                        "draft may use anything (only the target decides tokens); the "
-                        "target's choice defines the model users get, f32 keeps it "
-                        "faithful to the checkpoint (default: %(default)s)")
+                        "draft may use anything (only the target decides tokens). A target "
+                        "below f32 is faster but not batch-invariant: verifying K+1 tokens "
+                        "at once rounds differently from one-token steps, so greedy "
+                        "speculative output can differ from target-only output "
+                        "(default: %(default)s)")
     p.add_argument("--performance-hint", default="LATENCY",
                    choices=["LATENCY", "THROUGHPUT", "CUMULATIVE_THROUGHPUT"],
                    help="openvino: the plugin's performance hint (default: %(default)s)")
