@@ -117,8 +117,8 @@ class _ModelServiceClient:
         if self.inject_rtt_s or self.jitter_s:
             time.sleep((self.inject_rtt_s + self._jitter.uniform(0, self.jitter_s)) / 2)
 
-    def info(self) -> common_pb2.ModelInfo:
-        return self.stub.Info(common_pb2.InfoRequest(), timeout=self.deadline_s)
+    def info(self, timeout: float | None = None) -> common_pb2.ModelInfo:
+        return self.stub.Info(common_pb2.InfoRequest(), timeout=timeout or self.deadline_s)
 
     def release(self, session_id: str) -> bool:
         req = common_pb2.ReleaseRequest(session_id=session_id)

@@ -6,10 +6,13 @@ from this coordinator replica), skipping those that failed recently; on failure,
 when its address leaves the source (a pod being replaced), the generation is re-pinned
 to another one. Where addresses come from is pluggable: a static list, or a headless
 Service's DNS records on Kubernetes (`dns:NAME:PORT`, re-resolved periodically).
+A replica that appears later is admitted only once `admit` accepts it (the coordinator
+checks that its vocabulary and tokenizer match the ones it started with).
 """
 
 from __future__ import annotations
 
+import logging
 import socket
 import threading
 import time
@@ -18,6 +21,11 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import grpc
+
+log = logging.getLogger(__name__)
+
+# A replica refused by `admit` (or not answering it) is asked again after this long.
+RECHECK_S = 30.0
 
 CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", 8 * 1024 * 1024),
@@ -125,8 +133,12 @@ class Router:
     make_client: Callable[[grpc.Channel], Any]
     backoff_s: float = 2.0
     clock: Callable[[], float] = time.monotonic
+    # (address, client) -> None to admit a new replica, or why it is refused.
+    admit: Callable[[str, Any], str | None] | None = None
     _replicas: dict[str, Replica] = field(default_factory=dict)
+    _refused: dict[str, float] = field(default_factory=dict)  # address -> ask again at
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    _refresh_lock: threading.Lock = field(default_factory=threading.Lock)
 
     @classmethod
     def from_clients(cls, clients: dict[str, Any]) -> Router:
@@ -136,15 +148,31 @@ class Router:
         return router
 
     def _refresh(self) -> None:
-        for address in self.source.addresses():
-            if address not in self._replicas:
+        """Add the source's new addresses, each once `admit` accepts it (asked outside the
+        main lock: it is an RPC)."""
+        with self._refresh_lock:
+            now = self.clock()
+            new = [a for a in self.source.addresses()
+                   if a not in self._replicas and self._refused.get(a, now) <= now]
+            for address in new:
                 channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
-                self._replicas[address] = Replica(address, self.make_client(channel))
+                client = self.make_client(channel)
+                reason = self.admit(address, client) if self.admit is not None else None
+                if reason is not None:
+                    if address not in self._refused:
+                        log.warning("not using replica %s: %s (asking again every %.0f s)",
+                                    address, reason, RECHECK_S)
+                    self._refused[address] = now + RECHECK_S
+                    channel.close()
+                    continue
+                self._refused.pop(address, None)
+                with self._lock:
+                    self._replicas[address] = Replica(address, client)
 
     def acquire(self, exclude: Sequence[str] = ()) -> Replica | None:
         """Pin a generation to the least-loaded healthy replica (None if there is none)."""
+        self._refresh()
         with self._lock:
-            self._refresh()
             live = set(self.source.addresses())
             now = self.clock()
             candidates = [r for a, r in self._replicas.items()
@@ -176,6 +204,6 @@ class Router:
             replica.down_until = 0.0
 
     def replicas(self) -> list[Replica]:
+        self._refresh()
         with self._lock:
-            self._refresh()
             return list(self._replicas.values())

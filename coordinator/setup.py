@@ -53,6 +53,23 @@ def check_compatible(drafts: dict, targets: dict) -> None:
                 "draft and target must share a tokenizer")
 
 
+def admission_check(ref, kind: str, deadline_s: float):
+    """For Router.admit: None when a new replica's vocabulary and tokenizer match `ref`
+    (the ModelInfo checked at start-up), else why not."""
+    def admit(address: str, client) -> str | None:
+        try:
+            info = client.info(timeout=min(deadline_s, 5.0))
+        except grpc.RpcError as e:
+            return f"its Info call failed ({e.code().name})"
+        if (info.vocab_size, info.tokenizer_digest) != (ref.vocab_size, ref.tokenizer_digest):
+            return (f"{kind} {info.model_id} has vocab {info.vocab_size} and tokenizer "
+                    f"{info.tokenizer_digest}, not vocab {ref.vocab_size} and tokenizer "
+                    f"{ref.tokenizer_digest} like the replicas this coordinator started with")
+        return None
+
+    return admit
+
+
 def load_tokenizer(name: str, expected_digest: str):
     from specdec.runtime.models import load_tokenizer as load
     from specdec.runtime.models import tokenizer_digest
@@ -82,6 +99,10 @@ def build_service(cfg: CoordinatorConfig) -> GenerationService:
     d_infos = wait_for_infos(draft, "draft", cfg.startup_timeout) if draft else {}
     check_compatible(d_infos, t_infos)
     ref = next(iter(t_infos.values()))
+    # Replicas found later (DNS) must speak the same token ids as those checked now.
+    for router, kind in ((target, "target"), (draft, "draft")):
+        if router is not None:
+            router.admit = admission_check(ref, kind, cfg.rpc_deadline)
     tokenizer = load_tokenizer(cfg.model or ref.model_id, ref.tokenizer_digest)
     limits = Limits(
         vocab_size=ref.vocab_size,

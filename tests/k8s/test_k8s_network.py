@@ -153,7 +153,8 @@ def test_clients_reach_only_the_coordinators_grpc_port(rendered):
         for group in ("draft", "target"):  # no way back in but as a client
             (p,) = rendered.group(group)
             assert allowed(rendered.objs, pods, pod_in(NAMESPACE, p.labels)) == {grpc}
-        assert allowed(rendered.objs, pods, PROMETHEUS) == {grpc, 8080}  # Ray's metrics
+        # Ray's metrics, and specdec's (one port per Serve replica on the pod)
+        assert allowed(rendered.objs, pods, PROMETHEUS) == {grpc, 8080, *range(9100, 9108)}
         assert allowed(rendered.objs, pods, OPERATOR) == {grpc, 8265, 8000}
         for peer in rendered.group("coordinator"):  # Ray's own traffic between its pods
             assert allowed(rendered.objs, pods, pod_in(NAMESPACE, peer.labels)) == ALL

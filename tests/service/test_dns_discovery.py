@@ -88,3 +88,31 @@ def test_a_vanished_replica_gets_no_new_generations_and_running_ones_repin(
     after = engines[gone].model.store.stats()
     assert (after.live, after.released) == (before.live, before.released)  # nothing new
     assert resolver.calls > 3
+
+
+def test_a_new_replica_with_another_tokenizer_is_refused(two_targets, caplog):
+    """Replicas that appear after start-up are checked like those at start-up: a pod
+    serving another tokenizer never gets a generation; a matching one does."""
+    import dataclasses
+
+    from coordinator.config import CoordinatorConfig
+    from coordinator.setup import build_service
+
+    (_, first, _), (_, second, engine) = two_targets
+    service = build_service(CoordinatorConfig(target=first))
+    router = service.loop.target
+    resolver = StubResolver([first])
+    router.source = DnsAddresses("specdec-target.default.svc", 50052, refresh_s=0,
+                                 resolver=resolver)
+    real_info = engine.info
+    engine.info = lambda: dataclasses.replace(real_info(), tokenizer_digest="other")
+    resolver.answer = [first, second]  # a pod of another model comes up
+    with caplog.at_level("WARNING", logger="coordinator.routing"):
+        assert {r.address for r in router.replicas()} == {first}
+    assert any(second in m and "tokenizer other" in m for m in caplog.messages)
+    assert router.acquire().address == first and router.acquire().address == first
+
+    engine.info = real_info  # the pod is fixed; asked again after RECHECK_S
+    router._refused[second] = 0.0  # (skip the 30 s wait)
+    assert {r.address for r in router.replicas()} == {first, second}
+    assert router.acquire().address == second  # least loaded now
