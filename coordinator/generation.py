@@ -143,6 +143,7 @@ class GenerationService:
                 chunk = generate_pb2.GenerateChunk(text=delta, token_ids=out.tokens,
                                                    kinds=[int(k) for k in out.kinds])
                 if done:
+                    rounds.close()  # frees the sessions now; a pre-draft in flight counts
                     chunk.finish_reason = reason
                     chunk.stats.CopyFrom(self._stats(plan, generated, stats))
                     yield chunk

@@ -1,10 +1,14 @@
 """Pipelined drafting: the draft works on round r+1 while the target verifies round r.
 
 Only verification decides tokens, and the draft is deterministic given its prefix, so a
-pipelined generation must emit exactly what the sequential one emits, greedy or sampled.
+greedy pipelined generation must emit exactly the target-only tokens, and a sampled one
+the same tokens for the same seed whatever the timing (its law is checked by the
+chi-square tests in test_sampled_distribution.py).
 """
 
 from __future__ import annotations
+
+import time
 
 import pytest
 
@@ -155,3 +159,40 @@ def test_a_perfect_draft_pipelines_every_round_after_the_prefill(perfect_draft, 
     assert stats.predrafts_wasted == 0 and stats.rejections == 0
     assert stats.pipelined_rounds == stats.rounds - 1  # every round but the first
     assert stats.pipelined_rounds == stats.predrafts_started
+
+
+def test_a_stop_string_counts_the_last_pre_draft_in_the_stats(draft_server, target_server):
+    """A generation cut by a stop string releases its sessions before its last chunk, so
+    the pre-draft still in flight is in the stats that chunk carries (and in metrics)."""
+    from coordinator.config import CoordinatorConfig
+    from coordinator.setup import build_service
+    from specdec.metrics import PrometheusLoopMetrics
+    from specdec.v1 import generate_pb2
+
+    service = build_service(CoordinatorConfig(draft=draft_server[0], target=target_server[0],
+                                              pipeline=True))
+    metrics = PrometheusLoopMetrics()
+    service.loop.metrics = metrics
+    req = generate_pb2.GenerateRequest(prompt_token_ids=[1, 2, 3, 4, 5], max_new_tokens=48,
+                                       num_draft_tokens=4)
+    full = service.generate(req)
+    stop = full.text[len(full.text) // 2:][:3]
+    req.stop.append(stop)
+
+    def counts():
+        return (metrics.predrafts.labels("used")._value.get(),
+                metrics.predrafts.labels("wasted")._value.get())
+
+    before = counts()
+    cut = service.generate(req)
+    after = counts()
+    assert cut.finish_reason == "stop" and stop not in cut.text
+    assert (after[0] - before[0], after[1] - before[1]) == \
+        (cut.stats.pipelined_rounds, cut.stats.predrafts_wasted)
+    assert cut.stats.predrafts_wasted > 0
+    assert len(target_server[1].model.store) == 0
+    # The draft session goes once the called-off pre-draft ends its current token.
+    deadline = time.monotonic() + 10
+    while len(draft_server[1].model.store) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(draft_server[1].model.store) == 0
