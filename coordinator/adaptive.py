@@ -17,6 +17,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
+def ema(old: float | None, new: float, keep: float) -> float:
+    """Exponential moving average: `keep` is the weight of the old value (None: none yet)."""
+    return new if old is None else keep * old + (1 - keep) * new
+
+
 @dataclass
 class AdaptiveK:
     k_max: int
@@ -32,7 +37,7 @@ class AdaptiveK:
         self.k = max(1, min(self.k, self.k_max))
 
     def _ema(self, old: float | None, new: float) -> float:
-        return new if old is None else (1 - self.smoothing) * old + self.smoothing * new
+        return ema(old, new, 1 - self.smoothing)
 
     def observe(self, k: int, accepted: int, rejected: bool, propose_s: float | None,
                 verify_s: float, proposed: int = 0) -> None:
@@ -103,12 +108,8 @@ class ConfidenceExit:
     def observe(self, drafted: int, accepted: int) -> None:
         if drafted <= 0:
             return
-        rate = accepted / drafted
-        b1 = self.acceptance_smoothing
-        self.acceptance = rate if self.acceptance is None \
-            else b1 * self.acceptance + (1 - b1) * rate
+        self.acceptance = ema(self.acceptance, accepted / drafted, self.acceptance_smoothing)
         moved = self.threshold + (self.step if self.acceptance <= self.target_acceptance
                                   else -self.step)
-        b2 = self.threshold_smoothing
-        self.threshold = min(max(b2 * self.threshold + (1 - b2) * moved, 0.0),
+        self.threshold = min(max(ema(self.threshold, moved, self.threshold_smoothing), 0.0),
                              self.max_threshold)

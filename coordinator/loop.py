@@ -151,8 +151,6 @@ class SpeculativeLoop:
                 run.commit(tokens, kinds)
                 reason = "eos" if stop is not None else (
                     "length" if len(run.generated) >= max_new_tokens else None)
-                if reason:
-                    run.drop_predraft()  # counted in the stats the last chunk carries
                 run.stats.seconds = time.perf_counter() - t0
                 yield RoundOutput(tokens, kinds, reason)
                 if reason:
@@ -420,20 +418,18 @@ class _Generation:
         if pre is None:
             return None
         committed = self.committed.tokens
-        useful = k > 0 and committed[:len(pre.assumed)] == pre.assumed
-        if not useful or (not pre.lead and pre.assumed != committed):
-            # Called off; not a prefill's pre-draft, which may be about done: a draft
-            # stopped mid-prefill would hold nothing and prefill again.
-            useful = False
-            if not pre.lead:
-                pre.cancel()
+        # A prefill's pre-draft (lead) is judged once its own first tokens are known, and
+        # never called off: it may be about done, and a draft stopped mid-prefill would
+        # hold nothing and prefill again.
+        useful = k > 0 and (bool(pre.lead) or pre.assumed == committed)
+        if not useful and not pre.lead:
+            pre.cancel()
         try:
             proposal, view_tokens = pre.future.result()
         except grpc.FutureCancelledError:
             proposal, view_tokens = None, pre.surely_held
         except grpc.RpcError as e:
-            self.stats.predrafts_wasted += 1
-            self.metrics.predraft(used=False)
+            self._count_predraft(used=False)
             self.draft_view.forget()
             if self.draft is not None and e.code() not in RESYNC_CODES + (
                     grpc.StatusCode.ABORTED,):
@@ -449,13 +445,15 @@ class _Generation:
                 len(proposal.tokens) > pre.lead
             proposal = Proposal(proposal.tokens[pre.lead:], proposal.dists[pre.lead:],
                                 proposal.cached_len, proposal.requested - pre.lead)
-        if useful:
+        self._count_predraft(useful)
+        return proposal if useful else None
+
+    def _count_predraft(self, used: bool) -> None:
+        if used:
             self.stats.pipelined_rounds += 1
-            self.metrics.predraft(used=True)
-            return proposal
-        self.stats.predrafts_wasted += 1
-        self.metrics.predraft(used=False)
-        return None
+        else:
+            self.stats.predrafts_wasted += 1
+        self.metrics.predraft(used)
 
     def _start_predraft(self, assumed_tokens: list[int], k: int, lead: int = 0) -> None:
         """Propose k drafts and a guess on top of `assumed_tokens` plus the draft's own
@@ -514,12 +512,11 @@ class _Generation:
             pre.future.result()
         except (grpc.RpcError, grpc.FutureCancelledError):
             pass
-        self.stats.predrafts_wasted += 1
-        self.metrics.predraft(used=False)
+        self._count_predraft(used=False)
 
     def release(self) -> None:
         """Free every session this generation opened; never hides its own outcome."""
-        self.drop_predraft()  # let a pre-draft finish before releasing its session
+        self.drop_predraft()  # called off; a busy draft session is freed when it returns
         for router, replica in self.touched:
             try:
                 replica.client.release(self.session_id)
