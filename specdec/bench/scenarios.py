@@ -125,6 +125,9 @@ class GenAIScenario:
                  precision: str = "auto"):
         import openvino_genai as og
 
+        from specdec.runtime.openvino_backend import cap_cpu_isa_below_amx
+
+        cap_cpu_isa_below_amx()  # GenAI's compiles share the process's oneDNN
         draft_cfg = {"INFERENCE_NUM_THREADS": threads} if threads else {}
         cfg = dict(draft_cfg)  # the target computes in what specdec's target does
         if precision != "auto":

@@ -75,6 +75,9 @@ def export(hf_dir: Path, weights: str = "fp32", force: bool = False,
     from optimum.intel import OVModelForCausalLM
     from transformers import AutoTokenizer
 
+    from specdec.runtime.openvino_backend import cap_cpu_isa_below_amx
+
+    cap_cpu_isa_below_amx()  # before anything in this process compiles (NNCF may)
     t0 = time.perf_counter()
     say(f"exporting {hf_dir.name} to OpenVINO IR ({weights} weights) ...")
     tmp = out.with_name(out.name + ".tmp")

@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
 from specdec.runtime.models import TINY_TARGET, load
-from specdec.runtime.openvino_backend import OpenVINOBackend
+from specdec.runtime.openvino_backend import (
+    ISA_CAP,
+    ISA_CAP_VAR,
+    OpenVINOBackend,
+    cap_cpu_isa_below_amx,
+)
 from specdec.runtime.openvino_export import export_tiny, is_exported
 from specdec.runtime.torch_backend import TorchBackend
 
@@ -127,3 +134,16 @@ def test_inference_precision_is_a_setting(ir_dir):
     assert int(logits.argmax()) == int(fresh(f32, PROMPT).argmax())
     with pytest.raises(ValueError, match="inference precision"):
         OpenVINOBackend(ir_dir, "CPU", threads=1, inference_precision="fp64")
+
+
+def test_cpu_isa_cap_only_on_amx_and_never_over_the_users(tmp_path, monkeypatch):
+    monkeypatch.setenv(ISA_CAP_VAR, "recorded, so that the test leaves it as it was")
+    monkeypatch.delenv(ISA_CAP_VAR)
+    plain, amx = tmp_path / "plain", tmp_path / "amx"
+    plain.write_text("processor\t: 0\nflags\t\t: fpu avx512f avx512_bf16\n")
+    amx.write_text("processor\t: 0\nflags\t\t: fpu avx512f avx512_bf16 amx_bf16 amx_tile\n")
+    assert not cap_cpu_isa_below_amx(str(plain)) and ISA_CAP_VAR not in os.environ
+    assert cap_cpu_isa_below_amx(str(amx)) and os.environ[ISA_CAP_VAR] == ISA_CAP
+    monkeypatch.setenv(ISA_CAP_VAR, "AVX512_CORE_AMX")
+    assert not cap_cpu_isa_below_amx(str(amx)) and os.environ[ISA_CAP_VAR] == "AVX512_CORE_AMX"
+    assert not cap_cpu_isa_below_amx(str(tmp_path / "missing"))
