@@ -35,3 +35,40 @@ def prefix_digests(tokens: Iterable[int], start: int = EMPTY) -> list[int]:
         d = extend(d, t)
         out.append(d)
     return out
+
+
+class TokenPrefix:
+    """Token ids with the digest of every prefix: `prefix[i]` is the digest of `tokens[:i]`.
+
+    The one tracker of prefix digests: the coordinator's committed ids and a server's
+    cached session both keep one, so checking a (keep_len, keep_digest) promise is O(1).
+    """
+
+    def __init__(self, tokens: Iterable[int] = ()):
+        self.tokens: list[int] = []
+        self.prefix: list[int] = [EMPTY]  # always len(tokens) + 1 entries
+        self.extend(tokens)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def extend(self, tokens: Iterable[int]) -> None:
+        tokens = list(tokens)
+        self.tokens.extend(tokens)
+        self.prefix.extend(prefix_digests(tokens, self.prefix[-1]))
+
+    def truncate(self, length: int) -> None:
+        """Keep the first `length` tokens."""
+        del self.tokens[length:]
+        del self.prefix[length + 1:]
+
+    def digest_of(self, length: int) -> int:
+        """The digest of tokens[:length]."""
+        return self.prefix[length]
+
+    def extended(self, tokens: Iterable[int]) -> TokenPrefix:
+        """A copy with `tokens` appended (this one is unchanged)."""
+        other = TokenPrefix()
+        other.tokens, other.prefix = list(self.tokens), list(self.prefix)
+        other.extend(tokens)
+        return other
