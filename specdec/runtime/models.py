@@ -1,11 +1,11 @@
 """Models by name.
 
-* ``tiny-random``: a 2-layer llama built in-process from a fixed seed (no files, loads
-  in milliseconds); for tests.
+* ``tiny-random``: a 2-layer llama built in-process from a fixed seed (no files); for
+  tests.
 * ``tiny-random-draft``: the same architecture and weights, perturbed from another fixed
   seed, so that its greedy choices agree with ``tiny-random`` only part of the time.
 * ``smollm2-135m``: the real SmolLM2-135M-Instruct, from the folder `specdec prepare`
-  converts once out of the bundled GGUF (see specdec/prepare.py).
+  converts once out of the bundled GGUF (located through specdec.paths).
 * anything else: a Hugging Face model folder on disk (safetensors + tokenizer).
 """
 
@@ -20,18 +20,19 @@ from typing import Any
 
 import torch
 
+from specdec import paths
+from specdec.paths import PREPARED_NAMES
+
 log = logging.getLogger(__name__)
 
 TINY_TARGET = "tiny-random"
 TINY_DRAFT = "tiny-random-draft"
 TINY_NAMES = (TINY_TARGET, TINY_DRAFT)
-# Real models by name: each lives in a folder that `specdec prepare` writes.
-PREPARED_NAMES = ("smollm2-135m",)
 TINY_VOCAB = 768
 TINY_SEED = 1234
 TINY_DRAFT_SEED = 4321
 # Relative noise added to every draft weight; chosen so that greedy agreement with the
-# target is partial (see tests/runtime/test_models.py for the measured band).
+# target is partial (tests/runtime/test_models.py checks the band).
 TINY_DRAFT_NOISE = 0.03
 
 
@@ -45,7 +46,8 @@ class LoadedModel:
     tokenizer: Any = None  # None for the tiny models (they speak token ids only)
 
 
-def _tiny_config():
+def tiny_config():
+    """The LlamaConfig of both tiny models."""
     from transformers import LlamaConfig
 
     return LlamaConfig(
@@ -64,13 +66,21 @@ def _tiny_config():
     )
 
 
+def tiny_recipe_hash() -> str:
+    """A short hash of everything that defines the tiny models' weights and vocabulary:
+    a folder or export made from them carries it, so a change never reuses a stale one."""
+    recipe = repr((TINY_VOCAB, TINY_SEED, TINY_DRAFT_SEED, TINY_DRAFT_NOISE,
+                   tiny_config().to_json_string()))
+    return hashlib.sha256(recipe.encode()).hexdigest()[:8]
+
+
 def build_tiny(name: str) -> LoadedModel:
     """Build `tiny-random` or `tiny-random-draft` deterministically."""
     from transformers import LlamaForCausalLM
 
     if name not in TINY_NAMES:
         raise ValueError(f"unknown tiny model {name!r}")
-    config = _tiny_config()
+    config = tiny_config()
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(TINY_SEED)
         model = LlamaForCausalLM(config)
@@ -119,15 +129,7 @@ def resolve(name: str) -> str:
     `specdec prepare` made it), else `name` itself, taken as a path."""
     if name not in PREPARED_NAMES:
         return name
-    from specdec import prepare  # lazy: keeps this module cheap to import
-
-    folder = prepare.model_dir(name)
-    if prepare.read_marker(folder) is None:
-        raise FileNotFoundError(
-            f"model {name!r} is not prepared (no complete folder at {folder}); "
-            "run `specdec prepare` first"
-        )
-    return str(folder)
+    return str(paths.prepared_dir(name))
 
 
 def load(name: str, device: str = "cpu", dtype: str = "float32") -> LoadedModel:
@@ -152,8 +154,8 @@ def load_tokenizer(name: str):
 
 
 def quantize_int8(loaded: LoadedModel) -> None:
-    """Dynamic int8 quantization of every nn.Linear (CPU): ~0.7x the fp32 step time of
-    SmolLM2-135M here, with ~0.74 greedy agreement; a draft, never a target."""
+    """Dynamic int8 quantization of every nn.Linear (CPU): a faster, less exact copy,
+    so for a draft, never a target (its outputs drift from the fp32 model's)."""
     import warnings
 
     with warnings.catch_warnings():

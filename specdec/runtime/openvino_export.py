@@ -15,15 +15,14 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from specdec import paths
+from specdec.paths import ir_dir_for
+
 log = logging.getLogger(__name__)
 
 WEIGHTS = ("fp32", "int8", "int4")
 MARKER = ".specdec-ov-export.json"
 FORMAT_VERSION = 2  # 2: also writes openvino_tokenizer/detokenizer.xml (OpenVINO GenAI)
-
-
-def ir_dir_for(hf_dir: Path, weights: str) -> Path:
-    return hf_dir.parent / f"{hf_dir.name}-ov-{weights}"
 
 
 def is_exported(ir_dir: Path, hf_dir: Path) -> bool:
@@ -105,17 +104,11 @@ def export_tiny(name: str, weights: str, home: Path) -> Path:
 
     The folder name carries a hash of the tiny models' definition, so a change to it
     never reuses a stale export."""
-    import hashlib
-
     from specdec.runtime import models
 
-    recipe = repr((models.TINY_VOCAB, models.TINY_SEED, models.TINY_DRAFT_SEED,
-                   models.TINY_DRAFT_NOISE, models._tiny_config().to_json_string()))
-    tag = hashlib.sha256(recipe.encode()).hexdigest()[:8]
-    build_tiny = models.build_tiny
-    hf_dir = Path(home) / "models" / f"{name}-{tag}"
+    hf_dir = paths.model_dir(f"{name}-{models.tiny_recipe_hash()}", home)
     if not (hf_dir / "config.json").exists():
-        loaded = build_tiny(name)
+        loaded = models.build_tiny(name)
         tmp = hf_dir.with_name(hf_dir.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         loaded.model.save_pretrained(str(tmp))
@@ -127,13 +120,12 @@ def export_tiny(name: str, weights: str, home: Path) -> Path:
 
 def resolve_ir(model: str, weights: str) -> tuple[Path, str]:
     """(IR folder, model_id) for a --model value and --weights."""
-    from specdec.prepare import default_home, model_dir
-    from specdec.runtime.models import PREPARED_NAMES, TINY_NAMES
+    from specdec.runtime.models import TINY_NAMES
 
     if model in TINY_NAMES:
-        return export_tiny(model, weights, default_home()), model
-    if model in PREPARED_NAMES:
-        ir = ir_dir_for(model_dir(model), weights)
+        return export_tiny(model, weights, paths.default_home()), model
+    if model in paths.PREPARED_NAMES:
+        ir = ir_dir_for(paths.model_dir(model), weights)
         if not (ir / "openvino_model.xml").exists():
             raise FileNotFoundError(f"no {weights} OpenVINO IR for {model} at {ir}; run "
                                     f"`specdec prepare --openvino --weights {weights}` first")

@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from specdec import digest as digests
+from specdec.digest import TokenPrefix
 from specdec.errors import Aborted, FailedPrecondition, NotFound, ResourceExhausted
 
 
@@ -30,23 +30,33 @@ from specdec.errors import Aborted, FailedPrecondition, NotFound, ResourceExhaus
 class Session:
     session_id: str
     cache: Any  # backend-specific KV cache
-    tokens: list[int] = field(default_factory=list)
-    # prefix[i] is the digest of tokens[:i]; always len(tokens) + 1 entries.
-    prefix: list[int] = field(default_factory=lambda: [digests.EMPTY])
+    # The cached token ids and the digest of every prefix of them (specdec.digest).
+    held: TokenPrefix = field(default_factory=TokenPrefix)
     last_used: float = 0.0
 
     @property
+    def tokens(self) -> list[int]:
+        return self.held.tokens
+
+    @property
+    def prefix(self) -> list[int]:
+        """prefix[i] is the digest of tokens[:i]; always len(tokens) + 1 entries."""
+        return self.held.prefix
+
+    @property
     def cached_len(self) -> int:
-        return len(self.tokens)
+        return len(self.held)
+
+    def digest_of(self, length: int) -> int:
+        """The digest of the first `length` cached tokens."""
+        return self.held.digest_of(length)
 
     def truncate(self, length: int) -> None:
         """Forget the bookkeeping of positions >= length (the caller crops the cache)."""
-        del self.tokens[length:]
-        del self.prefix[length + 1 :]
+        self.held.truncate(length)
 
     def append(self, tokens: list[int]) -> None:
-        self.tokens.extend(tokens)
-        self.prefix.extend(digests.prefix_digests(tokens, self.prefix[-1]))
+        self.held.extend(tokens)
 
 
 @dataclass
@@ -131,7 +141,7 @@ class SessionStore:
                         f"{session.cached_len}",
                         cached_len=session.cached_len,
                     )
-                if session.prefix[keep_len] != keep_digest:
+                if session.digest_of(keep_len) != keep_digest:
                     raise FailedPrecondition(
                         f"session {session_id!r}: digest of the first {keep_len} cached "
                         f"tokens differs from keep_digest (the server holds "

@@ -2,8 +2,8 @@
 
 The tiny models speak ids in [0, 768); this tokenizer gives those ids text, so that the
 coordinator's text paths (chat template, incremental detokenization of multi-byte
-characters, stop strings) run for real in tests without model files. It is trained in
-milliseconds on a fixed corpus, so it is the same on every machine. Special tokens
+characters, stop strings) run for real in tests without model files. It is trained
+in-process on a small fixed corpus, so it is the same on every machine. Special tokens
 mirror SmolLM2's: 0 <|endoftext|>, 1 <|im_start|>, 2 <|im_end|> (end of turn).
 """
 

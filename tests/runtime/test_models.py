@@ -1,8 +1,8 @@
-"""The built-in tiny models: fast, deterministic, and a draft that half agrees."""
+"""The built-in tiny models: built in-process, deterministic, and a draft that half agrees."""
 
 from __future__ import annotations
 
-import time
+import builtins
 
 import pytest
 import torch
@@ -11,17 +11,45 @@ from specdec.runtime import models
 from specdec.runtime.torch_backend import TorchBackend
 
 
-def test_tiny_models_build_fast_and_deterministically():
-    models.build_tiny(models.TINY_TARGET)  # the first call pays for importing transformers
-    t0 = time.perf_counter()
-    a = models.build_tiny(models.TINY_TARGET)
-    assert time.perf_counter() - t0 < 1.0
-    b = models.build_tiny(models.TINY_TARGET)
-    assert 512 <= a.vocab_size <= 1024
-    assert a.model.config.num_hidden_layers == 2
+def assert_same_weights(a, b) -> None:
     for (name, pa), (_, pb) in zip(a.model.named_parameters(), b.model.named_parameters(),
                                    strict=True):
         assert torch.equal(pa, pb), name
+
+
+@pytest.mark.parametrize("name", models.TINY_NAMES)
+def test_tiny_models_build_deterministically_without_files(name, monkeypatch, tmp_path):
+    """Nothing is loaded from disk or a hub: no from_pretrained, no file opened but
+    Python sources; and two builds (even with the global RNG moved) are identical."""
+    import transformers
+
+    first = models.build_tiny(name)  # imports transformers before files are watched
+
+    def no_loading(*_args, **_kwargs):
+        raise AssertionError("a tiny model must not be loaded with from_pretrained")
+
+    for cls in (transformers.PreTrainedModel, transformers.PretrainedConfig,
+                transformers.PreTrainedTokenizerBase, transformers.AutoTokenizer,
+                transformers.AutoModelForCausalLM, transformers.AutoConfig):
+        monkeypatch.setattr(cls, "from_pretrained", no_loading)
+    opened = []
+    real_open = builtins.open
+
+    def watched_open(file, *args, **kwargs):
+        opened.append(str(file))
+        return real_open(file, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", watched_open)
+    monkeypatch.setenv("SPECDEC_HOME", str(tmp_path / "no-home"))
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(999)  # the build does not depend on the global RNG
+        again = models.build_tiny(name)
+    monkeypatch.undo()
+    assert [f for f in opened if not f.endswith(".py")] == []
+    assert 512 <= again.vocab_size <= 1024
+    assert again.model.config.num_hidden_layers == 2
+    assert again.tokenizer_digest == first.tokenizer_digest
+    assert_same_weights(first, again)
 
 
 def test_draft_shares_tokenizer_but_not_weights():

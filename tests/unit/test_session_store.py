@@ -69,6 +69,9 @@ def test_session_append_and_truncate_keep_prefix_digests_consistent():
         assert s.cached_len == len(expected)
         assert s.prefix == [0] + digest.prefix_digests(expected)
         assert len(s.prefix) == len(s.tokens) + 1
+        for n in range(len(expected) + 1):
+            assert s.digest_of(n) == digest.digest(expected[:n])
+        assert isinstance(s.held, digest.TokenPrefix)  # the one prefix-digest tracker
 
     for _ in range(40):
         if rng.random() < 0.6:

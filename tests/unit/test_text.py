@@ -208,6 +208,18 @@ def test_prompt_context_is_not_emitted(tok):
     assert detok.flush() == ""
 
 
+def test_prompt_ending_mid_character_is_not_echoed(tok):
+    """A prompt of raw ids may end inside a character; none of its text is streamed (the
+    case where tokenizers' DecodeStream differs: it echoes the prompt's last ids)."""
+    ch, ids = split_emoji(tok, 2)
+    prompt_ids = encode(tok, "Say go") + ids[:1]
+    gen = ids[1:] + encode(tok, " ok")
+    deltas, tail = feed(IncrementalDetokenizer(tok, prompt_ids), [[i] for i in gen])
+    out = "".join(deltas) + tail
+    assert "go" not in out and "ay" not in out, out
+    assert out.endswith(" ok"), out
+
+
 def test_chat_prompt_context(tok):
     prompt_ids = tok.apply_chat_template([{"role": "user", "content": "hi"}],
                                          tokenize=True, add_generation_prompt=True)
