@@ -16,18 +16,22 @@ import grpc
 
 from specdec import wire
 from specdec.sampling import SamplingParams
+from specdec.sync import SyncRequest
 from specdec.v1 import common_pb2, draft_pb2, draft_pb2_grpc, target_pb2, target_pb2_grpc
 from specdec.verify import TargetRound
 
 DEFAULT_DEADLINE_S = 30.0
 
 
-@dataclass
-class SyncRequest:
-    session_id: str
-    keep_len: int
-    keep_digest: int
-    new_tokens: list[int]
+CACHED_LEN_KEY = "specdec-cached-len"  # trailing metadata of a cache-sync error
+
+
+def cached_len_of(error: grpc.RpcError) -> int | None:
+    """The positions the server said it holds when it refused a cache-sync request."""
+    for key, value in error.trailing_metadata() or ():
+        if key == CACHED_LEN_KEY:
+            return int(value)
+    return None
 
 
 @dataclass

@@ -1,9 +1,16 @@
-"""Coordinator configuration and its command-line flags."""
+"""Coordinator configuration and its command-line flags.
+
+The loop's defaults (K, pipelining, adaptive K, the confidence exit) come from
+coordinator.policy.LoopPolicy, the one place that defines them.
+"""
 
 from __future__ import annotations
 
 import argparse
 from dataclasses import asdict, dataclass, fields
+
+from coordinator.policy import DEFAULT_POLICY as P
+from coordinator.policy import LoopPolicy
 
 DEFAULT_PORT = 50050
 
@@ -15,15 +22,15 @@ class CoordinatorConfig:
     host: str = "127.0.0.1"
     port: int = DEFAULT_PORT
     model: str = ""  # tokenizer source; "" = the target's model_id
-    k: int = 4
-    pipeline: bool = False
-    adaptive_k: bool = False
-    confidence_exit: bool = False
-    exit_threshold: float = 0.3
-    exit_target_acceptance: float = 0.8
+    k: int = P.k
+    pipeline: bool = P.pipeline
+    adaptive_k: bool = P.adaptive_k
+    confidence_exit: bool = P.confidence_exit
+    exit_threshold: float = P.exit_threshold
+    exit_target_acceptance: float = P.exit_target_acceptance
     inject_rtt_ms: float = 0.0
     inject_jitter_ms: float = 0.0
-    top_n: int = 0
+    top_n: int = P.top_n
     max_new_tokens_cap: int = 4096
     max_concurrency: int = 32
     rpc_deadline: float = 30.0
@@ -38,6 +45,12 @@ class CoordinatorConfig:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    def policy(self) -> LoopPolicy:
+        return LoopPolicy(k=self.k, pipeline=self.pipeline, adaptive_k=self.adaptive_k,
+                          confidence_exit=self.confidence_exit,
+                          exit_threshold=self.exit_threshold,
+                          exit_target_acceptance=self.exit_target_acceptance, top_n=self.top_n)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -59,26 +72,30 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default="",
                    help="model whose tokenizer to use (name or folder); default: the "
                         "target's model_id. Its digest must match the services'")
-    p.add_argument("--k", type=int, default=4,
+    p.add_argument("--k", type=int, default=P.k,
                    help="draft tokens per round when a request does not say (default: "
                         "%(default)s)")
-    p.add_argument("--pipeline", action="store_true",
+    on_off = argparse.BooleanOptionalAction
+    p.add_argument("--pipeline", action=on_off, default=P.pipeline,
                    help="pipelined drafting: while the target verifies round r, the draft "
                         "drafts round r+1 assuming all K are accepted (the draft proposes K+1; "
-                        "the last is its guess of the bonus). Same output, overlapped rounds")
-    p.add_argument("--adaptive-k", action="store_true",
+                        "the last is its guess of the bonus). Same output, overlapped rounds; "
+                        "--no-pipeline runs sequential rounds (default: %(default)s)")
+    p.add_argument("--adaptive-k", action=on_off, default=P.adaptive_k,
                    help="choose K each round from measured acceptance and draft/verify "
                         "latency (a request's K is the starting point); greedy output is "
-                        "unchanged, sampled output then depends on timing")
-    p.add_argument("--confidence-exit", action="store_true",
+                        "unchanged, sampled output then depends on timing "
+                        "(default: %(default)s)")
+    p.add_argument("--confidence-exit", action=on_off, default=P.confidence_exit,
                    help="the draft stops a round early once its probability of its own token "
                         "falls below a threshold that adapts to the generation's acceptance "
                         "(up when acceptance is below --exit-target-acceptance, down above). "
-                        "Depends on tokens only: seeded output stays reproducible")
-    p.add_argument("--exit-threshold", type=float, default=0.3,
+                        "Depends on tokens only: seeded output stays reproducible "
+                        "(default: %(default)s)")
+    p.add_argument("--exit-threshold", type=float, default=P.exit_threshold,
                    help="the confidence exit's starting threshold, in [0, 1) "
                         "(default: %(default)s)")
-    p.add_argument("--exit-target-acceptance", type=float, default=0.8,
+    p.add_argument("--exit-target-acceptance", type=float, default=P.exit_target_acceptance,
                    help="the per-token acceptance the confidence exit steers towards "
                         "(default: %(default)s)")
     p.add_argument("--inject-rtt-ms", type=float, default=0.0,
@@ -88,7 +105,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--inject-jitter-ms", type=float, default=0.0,
                    help="plus up to this much random extra round-trip time "
                         "(default: %(default)s)")
-    p.add_argument("--top-n", type=int, default=0,
+    p.add_argument("--top-n", type=int, default=P.top_n,
                    help="size of the sparse draft distribution per token; 0 = the draft's "
                         "default (default: %(default)s)")
     p.add_argument("--max-new-tokens-cap", type=int, default=4096,

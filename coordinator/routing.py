@@ -13,6 +13,7 @@ checks that its vocabulary and tokenizer match the ones it started with).
 from __future__ import annotations
 
 import logging
+import math
 import socket
 import threading
 import time
@@ -32,6 +33,13 @@ CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", 8 * 1024 * 1024),
     ("grpc.keepalive_time_ms", 30_000),
 ]
+
+
+def backoff_s(base_s: float, failures: int, max_doublings: int,
+              cap_s: float = math.inf) -> float:
+    """Exponential back-off: `base_s` after the first failure, doubled for each further
+    one at most `max_doublings` times, never above `cap_s`."""
+    return min(cap_s, base_s * 2 ** min(max(failures - 1, 0), max_doublings))
 
 
 class AddressSource(Protocol):
@@ -195,7 +203,7 @@ class Router:
         """Skip this replica for a while (doubling with repeated failures, up to 60 s)."""
         with self._lock:
             replica.failures += 1
-            delay = min(60.0, self.backoff_s * 2 ** min(replica.failures - 1, 10))
+            delay = backoff_s(self.backoff_s, replica.failures, 10, cap_s=60.0)
             replica.down_until = self.clock() + delay
 
     def mark_ok(self, replica: Replica) -> None:
@@ -207,3 +215,30 @@ class Router:
         self._refresh()
         with self._lock:
             return list(self._replicas.values())
+
+
+class Pins:
+    """The replicas one generation is pinned to, over every router it used.
+
+    A generation's KV caches live on the replicas it pinned; at its end `release_all`
+    frees its session on each and unpins it (least-loaded counts stay right)."""
+
+    def __init__(self) -> None:
+        self._held: list[tuple[Router, Replica]] = []
+
+    def acquire(self, router: Router, exclude: Sequence[str] = ()) -> Replica | None:
+        """Pin to the least-loaded healthy replica not in `exclude` (None if none)."""
+        replica = router.acquire(exclude)
+        if replica is not None:
+            self._held.append((router, replica))
+        return replica
+
+    def release_all(self, session_id: str) -> None:
+        """Free the session on every replica pinned; a replica that is gone is skipped."""
+        for router, replica in self._held:
+            try:
+                replica.client.release(session_id)
+            except grpc.RpcError:
+                pass
+            router.release(replica)
+        self._held.clear()

@@ -7,7 +7,6 @@ import time
 
 import grpc
 
-from coordinator.adaptive import ConfidenceExit
 from coordinator.clients import DraftClient, TargetClient
 from coordinator.config import CoordinatorConfig
 from coordinator.generation import GenerationService, Limits
@@ -114,11 +113,8 @@ def build_service(cfg: CoordinatorConfig) -> GenerationService:
     )
     eos = [tokenizer.eos_token_id] if tokenizer is not None and \
         tokenizer.eos_token_id is not None else []
-    loop = SpeculativeLoop(draft, target, top_n=cfg.top_n, draft_backoff_s=cfg.draft_backoff,
-                           pipeline=cfg.pipeline, max_propose=limits.max_draft_tokens or 1,
-                           adaptive=cfg.adaptive_k, confidence_exit=ConfidenceExit(
-                               cfg.exit_threshold, cfg.exit_target_acceptance)
-                           if cfg.confidence_exit else None)
+    loop = SpeculativeLoop(draft, target, cfg.policy(), draft_backoff_s=cfg.draft_backoff,
+                           max_propose=limits.max_draft_tokens or 1)
     modes = [name for name, on in (("pipelined", cfg.pipeline), ("adaptive K", cfg.adaptive_k),
                                    ("confidence exit", cfg.confidence_exit)) if on]
     log.info("coordinator loop ready: %d target, %d draft replica(s), model %s, K=%d%s",

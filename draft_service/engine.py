@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from specdec.errors import Cancelled, require
-from specdec.runtime.cached_model import CachedModel, ServiceInfo, SyncArgs
+from specdec.runtime.cached_model import CachedModel, ServiceInfo
 from specdec.sampling import (
     DEFAULT_TOP_N,
     SamplingParams,
@@ -25,15 +25,12 @@ from specdec.sampling import (
     sample,
     truncate,
 )
+from specdec.sync import SyncRequest
 from specdec.verify import SparseQ
-
-# How long a Propose waits for its session when another request still holds it (the
-# coordinator calls wasted pre-drafts off; they stop at their next token) before ABORTED.
-BUSY_WAIT_S = 0.5
 
 
 @dataclass
-class ProposeArgs(SyncArgs):
+class ProposeArgs(SyncRequest):
     num_tokens: int = 1  # K
     sampling: SamplingParams = field(default_factory=SamplingParams)
     top_n: int = 0  # 0 = the engine's default
@@ -53,7 +50,6 @@ class DraftEngine:
         self.model = model
         self.max_draft_tokens = max_draft_tokens
         self.default_top_n = default_top_n
-        self.busy_wait_s = BUSY_WAIT_S
 
     def info(self) -> ServiceInfo:
         return self.model.info(self.max_draft_tokens, self.default_top_n)
@@ -71,11 +67,14 @@ class DraftEngine:
         self.model.check_sync(args, extra_positions=k - 1)
         return args.top_n or self.default_top_n
 
-    def propose(self, args: ProposeArgs,
-                cancelled: Callable[[], bool] = lambda: False) -> ProposeResult:
+    def propose(self, args: ProposeArgs, cancelled: Callable[[], bool] = lambda: False,
+                busy_wait_s: float = 0.0) -> ProposeResult:
         """`cancelled()` is checked before the request touches the session and before each
         draft step: a request its client has called off does nothing, or stops early and
-        leaves the session consistent (what was fed stays)."""
+        leaves the session consistent (what was fed stays). A session another request
+        still holds (most likely a called-off pre-draft finishing its step) is waited for
+        up to `busy_wait_s` (the server passes the call's remaining deadline) before
+        ABORTED."""
         top_n = self.validate(args)
         if cancelled():  # e.g. it waited behind other sessions' work
             raise Cancelled("the client called this request off")
@@ -87,9 +86,8 @@ class DraftEngine:
         tokens: list[int] = []
         dists: list[SparseQ] = []
         needed = args.keep_len + len(args.new_tokens) + args.num_tokens - 1
-        # A session still busy is most likely a called-off pre-draft finishing its step.
         with self.model.store.use(args.session_id, args.keep_len, args.keep_digest,
-                                  needed, busy_wait_s=self.busy_wait_s) as s:
+                                  needed, busy_wait_s=busy_wait_s) as s:
             logits = self.model.sync(s, args, keep_last=1)[0]
             for i in range(args.num_tokens):
                 probs = process_logits(logits, params)

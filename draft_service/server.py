@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from draft_service.engine import DraftEngine, ProposeArgs
 from specdec import wire
-from specdec.grpc_server import Service
+from specdec.grpc_server import Service, busy_wait_s
 from specdec.v1 import common_pb2, draft_pb2, draft_pb2_grpc
 
 SERVICE_NAME = draft_pb2.DESCRIPTOR.services_by_name["DraftService"].full_name
@@ -24,7 +24,7 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
             num_tokens=request.num_tokens,
             sampling=wire.sampling_from_proto(request.sampling), top_n=request.top_n,
             exit_below=request.exit_below,
-        ), cancelled=lambda: not context.is_active())
+        ), cancelled=lambda: not context.is_active(), busy_wait_s=busy_wait_s(context))
         return draft_pb2.ProposeResponse(
             tokens=result.tokens, dists=[wire.dist_to_proto(q) for q in result.dists],
             cached_len=result.cached_len,

@@ -27,6 +27,8 @@ from specdec.errors import DeadlineExceeded, grpc_status
 log = logging.getLogger(__name__)
 
 MAX_MESSAGE_BYTES = 8 * 1024 * 1024
+# A call without a deadline waits at most this long for a busy session.
+MAX_BUSY_WAIT_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,13 @@ def _check_deadline(context) -> None:
     remaining = context.time_remaining()
     if remaining is not None and remaining <= 0:
         raise DeadlineExceeded("deadline expired before the server started the call")
+
+
+def busy_wait_s(context: grpc.ServicerContext) -> float:
+    """How long a call may wait for a session another request holds: what is left of its
+    deadline (the one busy-session rule: the server waits, the client never polls)."""
+    remaining = context.time_remaining()
+    return MAX_BUSY_WAIT_S if remaining is None else max(0.0, min(remaining, MAX_BUSY_WAIT_S))
 
 
 def _guard_unary(behavior, method):

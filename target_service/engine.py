@@ -15,13 +15,14 @@ from dataclasses import dataclass, field
 import torch
 
 from specdec.errors import SpecdecError, require
-from specdec.runtime.cached_model import CachedModel, ServiceInfo, SyncArgs
+from specdec.runtime.cached_model import CachedModel, ServiceInfo
 from specdec.sampling import SamplingParams, generator, process_logits
+from specdec.sync import SyncRequest
 from specdec.verify import SparseQ, TargetRound, target_round
 
 
 @dataclass
-class VerifyArgs(SyncArgs):
+class VerifyArgs(SyncRequest):
     num_draft: int = 0
     # (token_ids, probs) per draft as received; empty when greedy.
     draft_dists: list[tuple[list[int], list[float]]] = field(default_factory=list)
@@ -81,26 +82,29 @@ class TargetEngine:
         pairs = zip(drafts, args.draft_dists, strict=True)
         return [self._check_dist(i, x, *d) for i, (x, d) in enumerate(pairs)]
 
-    def verify(self, args: VerifyArgs) -> VerifyResult:
+    def verify(self, args: VerifyArgs, busy_wait_s: float = 0.0) -> VerifyResult:
+        """A session another request holds is waited for up to `busy_wait_s`, then
+        ABORTED (the same rule as the draft's)."""
         draft_q = self.validate(args)
         k = args.num_draft
         drafts = args.new_tokens[len(args.new_tokens) - k:] if k else []
         needed = args.keep_len + len(args.new_tokens)
         with self.model.store.use(args.session_id, args.keep_len, args.keep_digest,
-                                  needed) as s:
+                                  needed, busy_wait_s=busy_wait_s) as s:
             logits = self.model.sync(s, args, keep_last=k + 1)
             p = process_logits(logits, args.sampling)
             result = target_round(p, drafts, draft_q, generator(args.round_seed, "verify"))
             return VerifyResult(result, s.cached_len)
 
-    def verify_batch(self, batch: list[VerifyArgs]) -> list[VerifyResult | SpecdecError]:
+    def verify_batch(self, batch: list[VerifyArgs],
+                     busy_wait_s: float = 0.0) -> list[VerifyResult | SpecdecError]:
         """Verify several requests (sessions); each gets its result or its own error."""
         out: list[VerifyResult | SpecdecError] = []
         # Counts the batch in flight (the HPA's load metric) until every request is done.
         with self.model.metrics.verify_batch(len(batch)):
             for args in batch:
                 try:
-                    out.append(self.verify(args))
+                    out.append(self.verify(args, busy_wait_s))
                 except SpecdecError as e:
                     out.append(e)
         return out

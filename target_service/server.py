@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from specdec import wire
-from specdec.grpc_server import Service
+from specdec.grpc_server import Service, busy_wait_s
 from specdec.v1 import common_pb2, target_pb2, target_pb2_grpc
 from target_service.engine import TargetEngine, VerifyArgs
 
@@ -25,7 +25,7 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
             draft_dists=[wire.dist_from_proto(d) for d in request.draft_dists],
             sampling=wire.sampling_from_proto(request.sampling), round_seed=request.round_seed,
         )
-        (result,) = self.engine.verify_batch([args])
+        (result,) = self.engine.verify_batch([args], busy_wait_s(context))
         if isinstance(result, Exception):
             raise result
         r = result.round

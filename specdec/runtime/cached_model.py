@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -17,21 +17,7 @@ from specdec import digest as digests
 from specdec.errors import InvalidArgument, require
 from specdec.metrics import ModelMetrics
 from specdec.runtime.session import Session, SessionStore
-
-
-@dataclass
-class SyncArgs:
-    """The cache-sync part of every stateful request."""
-
-    session_id: str
-    keep_len: int
-    keep_digest: int
-    new_tokens: list[int] = field(default_factory=list)
-
-    @property
-    def fed_digest(self) -> int:
-        """Digest of the whole prefix once new_tokens are fed (assuming keep_digest holds)."""
-        return digests.digest(self.new_tokens, self.keep_digest)
+from specdec.sync import SyncRequest
 
 
 @dataclass(frozen=True)
@@ -77,7 +63,7 @@ class CachedModel:
         require(not bad, f"{what} holds token ids outside the vocabulary [0, "
                          f"{self.vocab_size}): {bad[:5]}")
 
-    def check_sync(self, args: SyncArgs, extra_positions: int = 0) -> None:
+    def check_sync(self, args: SyncRequest, extra_positions: int = 0) -> None:
         """INVALID_ARGUMENT for a malformed sync request; nothing is touched."""
         require(bool(args.session_id), "session_id must not be empty")
         require(len(args.session_id) <= 256, "session_id is longer than 256 characters")
@@ -95,7 +81,7 @@ class CachedModel:
                 "for this model; shorten the prompt or the generation"
             )
 
-    def sync(self, session: Session, args: SyncArgs, keep_last: int) -> torch.Tensor:
+    def sync(self, session: Session, args: SyncRequest, keep_last: int) -> torch.Tensor:
         """Crop to keep_len, feed new_tokens, return logits of the last keep_last positions."""
         with self._compute:
             self.backend.crop(session.cache, args.keep_len)

@@ -9,8 +9,8 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from coordinator.adaptive import ConfidenceExit
 from coordinator.loop import LoopStats, SpeculativeLoop
+from coordinator.policy import LoopPolicy
 from specdec.sampling import SamplingParams
 from specdec.v1 import common_pb2
 from tests.service.conftest import GREEDY, SAMPLED, propose_req
@@ -62,9 +62,9 @@ def run(loop, prompt, params, k, n=48):
 
 
 MODES = {
-    "sequential": dict(),
+    "sequential": dict(pipeline=False),
     "pipelined": dict(pipeline=True),
-    "pipelined-adaptive": dict(pipeline=True, adaptive=True),
+    "pipelined-adaptive": dict(pipeline=True, adaptive_k=True),
 }
 
 
@@ -73,8 +73,8 @@ MODES = {
 def test_greedy_with_confidence_exit_equals_target_only(draft_client, target_client, mode,
                                                         prompt):
     base, _ = run(SpeculativeLoop(None, target_client), prompt, SamplingParams(), 0)
-    loop = SpeculativeLoop(draft_client, target_client, confidence_exit=ConfidenceExit(0.3),
-                           **MODES[mode])
+    loop = SpeculativeLoop(draft_client, target_client, LoopPolicy(
+        confidence_exit=True, exit_threshold=0.3, **MODES[mode]))
     ids, stats = run(loop, prompt, SamplingParams(), 4)
     assert ids == base
     assert stats.confidence_exits > 0  # the unsure tiny draft cut rounds short...
@@ -86,8 +86,8 @@ def test_greedy_with_confidence_exit_equals_target_only(draft_client, target_cli
 def test_threshold_follows_acceptance_in_a_generation(draft_client, target_client):
     """Starting high, the tiny pair's acceptance (above the 0.5 aimed for) brings the
     threshold down, so later rounds draft more tokens than the first ones."""
-    loop = SpeculativeLoop(draft_client, target_client,
-                           confidence_exit=ConfidenceExit(0.9, target_acceptance=0.5))
+    loop = SpeculativeLoop(draft_client, target_client, LoopPolicy(
+        pipeline=False, confidence_exit=True, exit_threshold=0.9, exit_target_acceptance=0.5))
     _, stats = run(loop, [1, 2, 3, 4, 5], SamplingParams(), 4, n=96)
     assert stats.accepted_tokens / stats.drafted_tokens > 0.5
     ks = [k for k in stats.k_per_round if k]
@@ -100,8 +100,8 @@ def test_seeded_sampled_output_is_reproducible_with_exit(draft_client, target_cl
     params = SamplingParams(temperature=1.0, top_k=8, seed=seed)
     outs = []
     for pipeline in (False, True, True):
-        loop = SpeculativeLoop(draft_client, target_client, pipeline=pipeline,
-                               confidence_exit=ConfidenceExit(0.2))
+        loop = SpeculativeLoop(draft_client, target_client, LoopPolicy(
+            pipeline=pipeline, confidence_exit=True, exit_threshold=0.2))
         outs.append(run(loop, PROMPTS[seed % 3], params, 3))
     (_, sa), (b, sb), (c, _) = outs
     assert b == c  # pipelined twice: same tokens whatever the timing

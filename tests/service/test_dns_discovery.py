@@ -7,6 +7,7 @@ import pytest
 
 from coordinator.clients import DraftClient, TargetClient
 from coordinator.loop import LoopStats, SpeculativeLoop
+from coordinator.policy import LoopPolicy
 from coordinator.routing import DnsAddresses, Router, address_source
 from specdec.sampling import SamplingParams
 from target_service.__main__ import create as create_target
@@ -66,7 +67,7 @@ def test_a_vanished_replica_gets_no_new_generations_and_running_ones_repin(
     source = DnsAddresses("specdec-target.default.svc", 50052, refresh_s=0, resolver=resolver)
     router = Router(source, make_client=TargetClient)
     draft = DraftClient(grpc.insecure_channel(draft_server[0]))
-    loop = SpeculativeLoop(draft, router)
+    loop = SpeculativeLoop(draft, router, LoopPolicy(pipeline=False))
     baseline = loop.generate(PROMPT, 40, SamplingParams(), 0).token_ids
 
     stats = LoopStats()

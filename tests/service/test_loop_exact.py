@@ -7,6 +7,7 @@ import threading
 import pytest
 
 from coordinator.loop import SpeculativeLoop
+from coordinator.policy import LoopPolicy
 from specdec.sampling import SamplingParams
 from specdec.verify import TokenKind
 
@@ -16,7 +17,7 @@ GREEDY = SamplingParams()
 
 @pytest.fixture()
 def loop(draft_client, target_client):
-    return SpeculativeLoop(draft_client, target_client)
+    return SpeculativeLoop(draft_client, target_client, LoopPolicy(pipeline=False))
 
 
 @pytest.mark.parametrize("prompt", PROMPTS)

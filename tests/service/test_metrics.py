@@ -19,6 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 import specdec.metrics
 from coordinator.clients import DraftClient, TargetClient
 from coordinator.loop import SpeculativeLoop
+from coordinator.policy import LoopPolicy
 from coordinator.routing import Router
 from draft_service.__main__ import create as create_draft
 from draft_service.config import DraftConfig
@@ -148,7 +149,7 @@ def test_a_generation_moves_every_endpoint_consistently(services, monkeypatch):
     try:
         with grpc.insecure_channel(d_addr) as d_ch, grpc.insecure_channel(t_addr) as t_ch:
             draft, target = CountingDraft(d_ch), CountingTarget(t_ch)
-            loop = SpeculativeLoop(draft, target, metrics=loop_metrics)
+            loop = SpeculativeLoop(draft, target, LoopPolicy(pipeline=False), metrics=loop_metrics)
             before = [Samples(p) for p in (c_port, d_port, t_port)]
 
             # Inside each Verify, just before the target's forward pass: its gauge.
@@ -259,7 +260,8 @@ def test_faults_are_counted_where_the_loop_counts_them(services):
             # Two replicas, one server: "t-a" is pinned first and fails its 3rd call.
             first, second = CountingTarget(t_ch, fail_on={3}), CountingTarget(t_ch)
             target = Router.from_clients({"t-a": first, "t-b": second})
-            loop = SpeculativeLoop(draft, target, draft_backoff_s=0.0, metrics=metrics)
+            loop = SpeculativeLoop(draft, target, LoopPolicy(pipeline=False), draft_backoff_s=0.0,
+                                   metrics=metrics)
             rounds = 0
 
             def evict(_tokens, _kinds):

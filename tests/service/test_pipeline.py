@@ -13,6 +13,7 @@ import time
 import pytest
 
 from coordinator.loop import LoopStats, SpeculativeLoop
+from coordinator.policy import LoopPolicy
 from specdec.sampling import SamplingParams
 
 PROMPTS = [[1, 2, 3, 4, 5], [700, 12, 99], [42]]
@@ -20,8 +21,8 @@ PROMPTS = [[1, 2, 3, 4, 5], [700, 12, 99], [42]]
 
 @pytest.fixture()
 def loops(draft_client, target_client):
-    return (SpeculativeLoop(draft_client, target_client),
-            SpeculativeLoop(draft_client, target_client, pipeline=True))
+    return (SpeculativeLoop(draft_client, target_client, LoopPolicy(pipeline=False)),
+            SpeculativeLoop(draft_client, target_client, LoopPolicy(pipeline=True)))
 
 
 def run(loop, prompt, params, k, n=48):
@@ -118,8 +119,8 @@ def test_injected_latency_and_jitter_change_timing_not_text(draft_server, target
 
 @pytest.mark.parametrize("pipeline", [False, True])
 def test_adaptive_k_greedy_equals_target_only(draft_client, target_client, pipeline):
-    loop = SpeculativeLoop(draft_client, target_client, pipeline=pipeline, adaptive=True,
-                           max_propose=16)
+    loop = SpeculativeLoop(draft_client, target_client,
+                           LoopPolicy(pipeline=pipeline, adaptive_k=True), max_propose=16)
     for prompt in PROMPTS:
         base, _ = run(loop, prompt, SamplingParams(), 0, n=64)
         ids, stats = run(loop, prompt, SamplingParams(), 4, n=64)
@@ -151,7 +152,7 @@ def test_a_perfect_draft_pipelines_every_round_after_the_prefill(perfect_draft, 
     from coordinator.clients import DraftClient
 
     with grpc_.insecure_channel(perfect_draft) as channel:
-        loop = SpeculativeLoop(DraftClient(channel), target_client, pipeline=True)
+        loop = SpeculativeLoop(DraftClient(channel), target_client, LoopPolicy(pipeline=True))
         base, _ = run(SpeculativeLoop(None, target_client), PROMPTS[0], SamplingParams(), 0)
         ids, stats = run(loop, PROMPTS[0], SamplingParams(), 4)
     assert ids == base

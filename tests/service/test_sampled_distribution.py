@@ -8,8 +8,8 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from coordinator.adaptive import ConfidenceExit
 from coordinator.loop import SpeculativeLoop
+from coordinator.policy import LoopPolicy
 from specdec.sampling import SamplingParams, process_logits
 
 PROMPT = [31, 415, 92, 65]
@@ -62,7 +62,7 @@ def test_two_token_joint_matches_target(draft_client, target_client, target_serv
                                         params, top_n, k):
     backend = target_server[1].model.backend
     expected = target_joint(backend, params)
-    loop = SpeculativeLoop(draft_client, target_client, top_n=top_n)
+    loop = SpeculativeLoop(draft_client, target_client, LoopPolicy(pipeline=False, top_n=top_n))
     counts: Counter = Counter()
     accepted = drafted = 0
     for seed in range(TRIALS):
@@ -82,8 +82,8 @@ def test_two_token_joint_matches_target(draft_client, target_client, target_serv
     ("mode", "k"),
     [
         (dict(pipeline=True), 1),
-        (dict(pipeline=True, confidence_exit=ConfidenceExit(0.3)), 2),
-        (dict(confidence_exit=ConfidenceExit(0.3)), 3),
+        (dict(pipeline=True, confidence_exit=True, exit_threshold=0.3), 2),
+        (dict(pipeline=False, confidence_exit=True, exit_threshold=0.3), 3),
     ],
     ids=["pipelined-K1", "pipelined-exit-K2", "exit-K3"],
 )
@@ -94,7 +94,7 @@ def test_three_token_joint_matches_target_when_pipelined_or_exiting(
     starts a pre-draft (one that could not be used is never started)."""
     params = SamplingParams(temperature=1.0, top_k=4)
     expected = target_joint(target_server[1].model.backend, params, n=3)
-    loop = SpeculativeLoop(draft_client, target_client, **mode)
+    loop = SpeculativeLoop(draft_client, target_client, LoopPolicy(**mode))
     counts: Counter = Counter()
     pipelined = exits = accepted = drafted = 0
     for seed in range(TRIALS):
@@ -107,7 +107,7 @@ def test_three_token_joint_matches_target_when_pipelined_or_exiting(
         drafted += result.stats.drafted_tokens
     assert 0 < accepted < drafted
     assert (pipelined > 0) == bool(mode.get("pipeline"))  # the modes were exercised
-    assert (exits > 0) == ("confidence_exit" in mode)
+    assert (exits > 0) == mode.get("confidence_exit", False)
     p_value = chi_square_p_value(counts, expected, TRIALS)
     print(f"chi-square p = {p_value:.3f}, acceptance = {accepted / drafted:.2f}, "
           f"pipelined rounds = {pipelined}, exits = {exits}")

@@ -1,5 +1,5 @@
-"""coordinator.session: Committed and the sync formula CacheView.plan (DESIGN.md,
-"The cache-sync rule")."""
+"""The committed ids (specdec.digest.TokenPrefix) and the sync formula CacheView.plan
+(docs/design.md, "The cache-sync rule")."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ import random
 
 import pytest
 
-from coordinator.session import CacheView, Committed
+from coordinator.session import CacheView
 from specdec import digest
+from specdec.digest import TokenPrefix
 
 PROMPT = [101, 7, 42, 9, 13]
 
@@ -19,7 +20,7 @@ def view_holding(tokens: list[int]) -> CacheView:
     return v
 
 
-def check_plan(view: CacheView, committed: Committed, keep: int, new: list[int]) -> None:
+def check_plan(view: CacheView, committed: TokenPrefix, keep: int, new: list[int]) -> None:
     keep_len, keep_digest, new_tokens = view.plan(committed)
     assert keep_len == keep
     assert new_tokens == new
@@ -28,11 +29,11 @@ def check_plan(view: CacheView, committed: Committed, keep: int, new: list[int])
     assert committed.tokens[:keep_len] + new_tokens == committed.tokens
 
 
-# -- Committed ------------------------------------------------------------------------
+# -- TokenPrefix (the committed ids) ----------------------------------------------------
 
 
 def test_committed_prefix_digests():
-    c = Committed(list(PROMPT))
+    c = TokenPrefix(list(PROMPT))
     assert len(c) == len(PROMPT)
     assert c.prefix == [0] + digest.prefix_digests(PROMPT)
     c.extend([1, 2])
@@ -46,13 +47,13 @@ def test_committed_prefix_digests():
 
 def test_committed_copies_its_input():
     src = list(PROMPT)
-    c = Committed(src)
+    c = TokenPrefix(src)
     src.append(5)
     assert c.tokens == PROMPT
 
 
 def test_committed_empty():
-    c = Committed([])
+    c = TokenPrefix([])
     assert len(c) == 0
     assert c.prefix == [digest.EMPTY]
 
@@ -61,23 +62,23 @@ def test_committed_empty():
 
 
 def test_empty_view_sends_everything():
-    check_plan(CacheView(), Committed(list(PROMPT)), 0, PROMPT)
+    check_plan(CacheView(), TokenPrefix(list(PROMPT)), 0, PROMPT)
 
 
 def test_single_token_committed():
-    c = Committed([5])
+    c = TokenPrefix([5])
     check_plan(CacheView(), c, 0, [5])
     check_plan(view_holding([5]), c, 0, [5])  # cap: len(committed) - 1 = 0
     check_plan(view_holding([5, 6, 7]), c, 0, [5])
 
 
 def test_view_holding_exactly_committed_is_capped():
-    c = Committed(list(PROMPT))
+    c = TokenPrefix(list(PROMPT))
     check_plan(view_holding(PROMPT), c, len(PROMPT) - 1, [PROMPT[-1]])
 
 
 def test_view_longer_than_committed_is_capped():
-    c = Committed(list(PROMPT))
+    c = TokenPrefix(list(PROMPT))
     check_plan(view_holding(PROMPT + [1, 2, 3]), c, len(PROMPT) - 1, [PROMPT[-1]])
 
 
@@ -86,7 +87,7 @@ def test_after_rejection(k, accepted):
     """The drafts were x_1..x_K; the first `accepted` were kept, then a recovered token."""
     drafts = [1000 + i for i in range(k)]
     recovered = 555
-    c = Committed(list(PROMPT))
+    c = TokenPrefix(list(PROMPT))
     c.extend(drafts[:accepted] + [recovered])
     n = len(PROMPT)
     # Target: fed committed + all drafts. Keeps the prompt and the accepted drafts.
@@ -100,7 +101,7 @@ def test_after_rejection(k, accepted):
 def test_all_accepted(k):
     drafts = [1000 + i for i in range(k)]
     bonus = 777
-    c = Committed(list(PROMPT))
+    c = TokenPrefix(list(PROMPT))
     c.extend(drafts + [bonus])
     n = len(PROMPT)
     # The draft never fed its own x_K: it gets x_K and the bonus.
@@ -111,24 +112,24 @@ def test_all_accepted(k):
 
 def test_token_values_decide_the_common_prefix():
     # Rolled back to just before the first token that differs from what the cache holds.
-    c = Committed(list(PROMPT))
+    c = TokenPrefix(list(PROMPT))
     c.extend([1000, 2000])
     check_plan(view_holding(PROMPT + [1000, 1001, 1002]), c, len(PROMPT) + 1, [2000])
     # A committed token equal to the cached one is kept, up to the len - 1 cap.
-    c = Committed(list(PROMPT))
+    c = TokenPrefix(list(PROMPT))
     c.extend([1000, 1001])
     check_plan(view_holding(PROMPT + [1000, 1001, 1002]), c, len(PROMPT) + 1, [1001])
 
 
 def test_divergence_inside_the_prompt():
-    c = Committed(list(PROMPT))
+    c = TokenPrefix(list(PROMPT))
     other = list(PROMPT)
     other[2] = -1
     check_plan(view_holding(other), c, 2, PROMPT[2:])
 
 
 def test_forget_resets_to_zero():
-    c = Committed(list(PROMPT) + [1, 2])
+    c = TokenPrefix(list(PROMPT) + [1, 2])
     v = view_holding(PROMPT + [1])
     v.forget()
     assert v.tokens == []
@@ -144,7 +145,7 @@ def test_holds_copies_its_input():
 
 
 def test_empty_committed():
-    keep_len, keep_digest, new = view_holding([1, 2]).plan(Committed([]))
+    keep_len, keep_digest, new = view_holding([1, 2]).plan(TokenPrefix([]))
     assert (keep_len, keep_digest, new) == (0, digest.EMPTY, [])
 
 
@@ -153,7 +154,7 @@ def test_random_rounds_keep_view_and_committed_consistent(seed):
     """Simulate rounds like the loop does and check the formula against a direct
     longest-common-prefix computation at every step."""
     rng = random.Random(seed)
-    c = Committed([rng.randrange(100) for _ in range(rng.randrange(1, 6))])
+    c = TokenPrefix([rng.randrange(100) for _ in range(rng.randrange(1, 6))])
     draft_view, target_view = CacheView(), CacheView()
     for _ in range(15):
         k = rng.randrange(1, 5)

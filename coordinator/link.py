@@ -1,0 +1,175 @@
+"""One generation's link to one service: its pinned replica, what its session cache holds,
+and the cache-sync calls with their resync and failover rules.
+
+Every call is planned from the link's CacheView with the sync formula
+(coordinator.session), and on success the view becomes what the server's reply says it
+holds (`cached_len`). A resync error (FAILED_PRECONDITION, NOT_FOUND) is answered from
+what the server said in its trailing metadata: when it holds fewer positions than the
+request kept, the view is cut to those and the call repeated, which costs only the
+missing tail; otherwise (another prefix, or no session) the view is forgotten and the
+call re-prefills from the committed ids. A second resync error always re-prefills.
+
+Failover differs by role. A failing draft never fails a generation: the link reports
+the failure, the loop decodes target-only, and the link tries again after an
+exponential back-off (on another replica if that one is down). A failing target is
+replaced by another replica, which re-prefills and repeats the round with the same
+round seed; with none left the generation fails with UNAVAILABLE.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+import grpc
+
+from coordinator.clients import Proposal, WireBytes, cached_len_of
+from coordinator.record import Recorder
+from coordinator.routing import Pins, Router, backoff_s
+from coordinator.session import CacheView
+from specdec.digest import TokenPrefix
+from specdec.errors import InvalidArgument, ResourceExhausted, Unavailable
+from specdec.sampling import SamplingParams
+from specdec.sync import SyncRequest
+from specdec.verify import TargetRound
+
+log = logging.getLogger(__name__)
+
+RESYNC_CODES = (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.NOT_FOUND)
+DRAFT_DOWN_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+
+T = TypeVar("T")
+
+
+class Link:
+    """The replica a generation is pinned to for one service, and its cache view."""
+
+    rpc_name = ""  # labels the call's metrics: "propose" or "verify"
+
+    def __init__(self, router: Router, pins: Pins, session_id: str, record: Recorder,
+                 meter: WireBytes):
+        self.router, self.pins, self.session_id = router, pins, session_id
+        self.record, self.meter = record, meter
+        self.replica = None
+        self.view = CacheView()
+
+    def pin(self, exclude: list[str] | tuple = ()) -> bool:
+        """Pin to another replica (a fresh session there: the view starts empty)."""
+        replica = self.pins.acquire(self.router, exclude)
+        if replica is None:
+            return False
+        self.replica, self.view = replica, CacheView()
+        return True
+
+    def plan(self, committed: TokenPrefix) -> SyncRequest:
+        keep_len, keep_digest, new_tokens = self.view.plan(committed)
+        return SyncRequest(self.session_id, keep_len, keep_digest, new_tokens)
+
+    def call(self, committed: TokenPrefix, rpc: Callable[[object, SyncRequest], T]) -> T:
+        """rpc(client, sync) with the planned sync, resynced as the module says."""
+        resynced = partial = False
+        while True:
+            sync = self.plan(committed)
+            started = time.perf_counter()
+            try:
+                return rpc(self.replica.client, sync)
+            except grpc.RpcError as e:
+                if e.code() not in RESYNC_CODES or (resynced and not partial):
+                    raise
+                self.record.resync(self.rpc_name)
+                held = cached_len_of(e)
+                partial = not resynced and e.code() == grpc.StatusCode.FAILED_PRECONDITION \
+                    and held is not None and held < sync.keep_len
+                resynced = True
+                if partial:
+                    self.view.truncate(held)
+                else:
+                    self.view.forget()
+            finally:
+                self.record.rpc(self.rpc_name, time.perf_counter() - started)
+
+
+class DraftLink(Link):
+    rpc_name = "propose"
+
+    def __init__(self, router: Router, pins: Pins, session_id: str, record: Recorder,
+                 meter: WireBytes, backoff_base_s: float):
+        super().__init__(router, pins, session_id, record, meter)
+        self.backoff_base_s = backoff_base_s
+        self.failures = 0
+        self.retry_at = 0.0
+
+    def ready(self) -> bool:
+        """Pinned and out of back-off: the pinned draft, or a new one once the back-off
+        after a failure is over (or when its pod left the pool)."""
+        if time.monotonic() < self.retry_at:
+            return False
+        if self.replica is not None and not self.router.is_live(self.replica):
+            self.replica = None  # its pod left the pool: pick another
+        return self.replica is not None or self.pin()
+
+    def failed(self, error: grpc.RpcError) -> None:
+        log.warning("draft %s failed (%s: %s); decoding target-only for now",
+                    self.replica.address, error.code().name, error.details())
+        self.record.draft_fallback()
+        self.failures += 1
+        if error.code() in DRAFT_DOWN_CODES:
+            self.router.mark_failed(self.replica)
+            self.replica = None  # re-pin (maybe elsewhere) after the back-off
+        self.retry_at = time.monotonic() + backoff_s(self.backoff_base_s, self.failures, 5)
+
+    def propose(self, committed: TokenPrefix, k: int, sampling: SamplingParams, top_n: int,
+                exit_below: float) -> Proposal | None:
+        """k tokens from the draft on top of the committed ids; None while it is failing."""
+        if not self.ready():
+            return None
+        try:
+            proposal = self.call(committed, lambda client, sync: client.propose(
+                sync, k, sampling, top_n, self.meter, exit_below))
+        except grpc.RpcError as e:
+            self.failed(e)
+            return None
+        self.failures = 0
+        self.view.served(committed.tokens + proposal.tokens, proposal.cached_len)
+        return proposal
+
+
+class TargetLink(Link):
+    rpc_name = "verify"
+
+    def verify(self, committed: TokenPrefix, drafts: list[int], dists: list,
+               sampling: SamplingParams, round_seed: int) -> TargetRound:
+        """Verify on the pinned target; on failure re-pin and repeat (same round seed)."""
+        if not self.router.is_live(self.replica):
+            # Its pod is going away (e.g. a rollout): move now, while it still answers.
+            leaving = self.replica.address
+            if self.pin([leaving]):
+                log.info("target %s left the pool; re-pinned to %s", leaving,
+                         self.replica.address)
+                self.record.target_repin()
+        tried: list[str] = []
+        while True:
+            try:
+                result, cached_len = self.call(committed, lambda client, sync: client.verify(
+                    sync, drafts, dists, sampling, round_seed, self.meter))
+                self.router.mark_ok(self.replica)
+                self.view.served(committed.tokens + drafts, cached_len)
+                return result
+            except grpc.RpcError as e:
+                code = e.code()
+                if code == grpc.StatusCode.INVALID_ARGUMENT:
+                    raise InvalidArgument(f"target refused the request: {e.details()}") from e
+                if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                    raise ResourceExhausted(f"target is full: {e.details()}") from e
+                log.warning("target %s failed (%s: %s); re-pinning", self.replica.address,
+                            code.name, e.details())
+                self.router.mark_failed(self.replica)
+                tried.append(self.replica.address)
+                if not self.pin(tried):
+                    raise Unavailable(
+                        f"no target replica left to continue the generation (tried "
+                        f"{', '.join(tried)}; last error {code.name}: {e.details()})"
+                    ) from e
+                self.record.target_repin()

@@ -1,0 +1,26 @@
+"""How the loop runs rounds: the one place that defines the coordinator's defaults.
+
+The defaults are the best loop measured (docs/benchmarks.md): pipelined drafting at
+K = 4, no adaptive K, no confidence exit. `python -m coordinator`, the Serve
+application builder (and so the k8s RayService), `specdec up` and the benchmarks all
+start from `LoopPolicy()`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class LoopPolicy:
+    k: int = 4  # draft tokens per round when a request does not say
+    pipeline: bool = True  # pre-draft round r+1 while round r is verified
+    prefill_overlap: bool = True  # pipelined: round 1 overlaps the two prefills
+    adaptive_k: bool = False  # choose K per round (coordinator.adaptive.AdaptiveK)
+    confidence_exit: bool = False  # the draft stops a round once it is unsure
+    exit_threshold: float = 0.3  # the confidence exit's starting threshold
+    exit_target_acceptance: float = 0.8  # the acceptance the exit steers towards
+    top_n: int = 0  # sparse q size per drafted token; 0 = the draft's default
+
+
+DEFAULT_POLICY = LoopPolicy()

@@ -1,0 +1,108 @@
+"""One generation's record: LoopStats (per generation) and LoopMetrics (process-wide).
+
+Every event is recorded once, here, and lands in both: the generation's LoopStats (sent
+to the client with the last chunk) and the loop's LoopMetrics (Prometheus; a null object
+unless the coordinator serves --metrics-port).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from specdec.metrics import LoopMetrics
+from specdec.verify import Decision
+
+
+@dataclass
+class LoopStats:
+    rounds: int = 0
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+    rejections: int = 0  # rounds that ended in a recovered token
+    resyncs: int = 0  # re-prefills after FAILED_PRECONDITION / NOT_FOUND
+    draft_fallbacks: int = 0  # rounds decoded target-only because the draft failed
+    target_repins: int = 0
+    k_per_round: list[int] = field(default_factory=list)  # the K each round used
+    predrafts_started: int = 0  # pre-drafts sent (each is then used or wasted)
+    pipelined_rounds: int = 0  # rounds whose drafts were pre-drafted during the last Verify
+    predrafts_wasted: int = 0  # pre-drafts thrown away (a rejection or another bonus)
+    confidence_exits: int = 0  # rounds the draft cut short (confidence below the threshold)
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    seconds: float = 0.0
+    accepted_per_position: list[int] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class RoundResult:
+    """What one round did: its decision, how many drafts it verified, and its latencies."""
+
+    decision: Decision
+    k: int  # drafts verified (0: a target-only round)
+    verify_s: float
+    propose_s: float | None = None  # None when the drafts were pre-drafted (or none)
+    proposed: int = 0  # tokens that fresh Propose drafted (K, or K+1 when pipelining)
+    exited_early: bool = False  # the draft's confidence exit cut the proposal short
+
+    @property
+    def rejected(self) -> bool:
+        return self.decision.num_accepted < self.k
+
+
+class Recorder:
+    def __init__(self, stats: LoopStats, metrics: LoopMetrics, k_max: int):
+        self.stats, self.metrics = stats, metrics
+        stats.accepted_per_position = [0] * max(k_max, 0)
+
+    def started(self) -> None:
+        self.metrics.generation_started()
+
+    def finished(self, seconds: float, sent: int, received: int) -> None:
+        self.metrics.generation_finished()
+        self.stats.seconds = seconds
+        self.stats.bytes_sent, self.stats.bytes_received = sent, received
+
+    def round(self, result: RoundResult, seconds: float) -> None:
+        s = self.stats
+        s.rounds += 1
+        s.k_per_round.append(result.k)
+        self.metrics.round(seconds)
+        if result.exited_early:
+            s.confidence_exits += 1
+            self.metrics.confidence_exit()
+        if result.k:
+            accepted = result.decision.num_accepted
+            s.drafted_tokens += result.k
+            s.accepted_tokens += accepted
+            s.rejections += result.rejected
+            for i in range(accepted):
+                s.accepted_per_position[i] += 1
+            self.metrics.drafted(result.k, accepted)
+
+    def committed(self, tokens: int) -> None:
+        self.metrics.generated(tokens)
+
+    def rpc(self, name: str, seconds: float) -> None:
+        self.metrics.rpc(name, seconds)
+
+    def resync(self, name: str) -> None:
+        self.stats.resyncs += 1
+        self.metrics.resync(name)
+
+    def draft_fallback(self) -> None:
+        self.stats.draft_fallbacks += 1
+        self.metrics.draft_fallback()
+
+    def target_repin(self) -> None:
+        self.stats.target_repins += 1
+        self.metrics.target_repin()
+
+    def predraft_started(self) -> None:
+        self.stats.predrafts_started += 1
+
+    def predraft(self, used: bool) -> None:
+        if used:
+            self.stats.pipelined_rounds += 1
+        else:
+            self.stats.predrafts_wasted += 1
+        self.metrics.predraft(used)
