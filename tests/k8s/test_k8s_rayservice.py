@@ -228,6 +228,17 @@ def test_application_args_are_coordinator_config(app):
     assert 1 <= cfg.min_replicas <= cfg.max_replicas
 
 
+def test_deployed_loop_is_the_default_policy(app):
+    """The loop's defaults are defined once (coordinator.policy); the RayService leaves
+    them alone, so the cluster runs the same loop as `python -m coordinator`."""
+    from coordinator.config import CoordinatorConfig
+    from coordinator.policy import DEFAULT_POLICY, LoopPolicy
+
+    overridden = {f.name for f in fields(LoopPolicy)} & set(app["args"])
+    assert not overridden, f"args override the loop policy: {sorted(overridden)}"
+    assert CoordinatorConfig(**app["args"]).policy() == DEFAULT_POLICY
+
+
 def test_dns_args_name_the_headless_services_and_ports(app, renders):
     objs = renders["cpu"].objs
     for group in ("draft", "target"):
