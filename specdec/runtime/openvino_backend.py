@@ -8,8 +8,7 @@ strategies:
   right rotary positions. A rollback costs nothing; once `max_stale` dead entries have
   piled up, the state is compacted (one gather, amortized over many rollbacks).
 * ``trim``: every rollback gathers the live entries of each state tensor and sets it
-  back (query_state / set_state): O(context) per rollback (~6 ms at 64 tokens, ~60 ms
-  at 1024 for SmolLM2 on one core).
+  back (query_state / set_state): O(context) per rollback.
 
 Each session owns an infer request, so sessions never see each other's caches;
 requests share the compiled model (weights are not copied).
@@ -58,10 +57,10 @@ def cap_cpu_isa_below_amx(cpuinfo: str = "/proc/cpuinfo") -> bool:
     OpenVINO 2026.4's CPU plugin dies with SIGFPE inside compile_model when it compiles
     an uncompressed (fp32) IR for bf16 on one thread of a CPU with AMX (measured on
     SmolLM2 and the tiny test model; openvinotoolkit/openvino#33300 reports the same
-    with fp16 weights on one core). Capping oneDNN at AVX-512 BF16 avoids it and cost
-    nothing we could measure (bf16 step on 2 threads: 29.0 ms with AMX, 28.2 ms
-    without; the int8 draft: 25.0 vs 25.8 ms). oneDNN reads the cap at the process's
-    first compile, so every compile path calls this first. A cap the user set wins.
+    with fp16 weights on one core). Capping oneDNN at AVX-512 BF16 avoids it, with no
+    step-time difference measured on SmolLM2 (docs/design.md, "Pitfalls"). oneDNN reads
+    the cap at the process's first compile, so every compile path calls this first. A
+    cap the user set wins.
     """
     if ISA_CAP_VAR in os.environ:
         return False
