@@ -1,4 +1,4 @@
-"""Rolling 64-bit digest of a token prefix (DESIGN.md, "The cache-sync rule").
+"""Rolling 64-bit digest of a token prefix (docs/design.md, "The prefix digest").
 
 d_0 = 0; d_i = blake2b(d_{i-1} as 8 little-endian bytes + t_i as 4 little-endian bytes,
 digest_size=8), read little-endian. Servers keep d_0..d_n per session so checking a

@@ -1,4 +1,4 @@
-"""Per-session KV caches under the cache-sync rule (DESIGN.md).
+"""Per-session KV caches under the cache-sync rule (docs/design.md).
 
 A request names a session and says "keep the first keep_len tokens of your cache, whose
 digest is keep_digest, drop the rest, then feed new_tokens". The store checks that

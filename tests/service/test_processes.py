@@ -23,7 +23,7 @@ CLIENT = textwrap.dedent('''
     from specdec.v1 import common_pb2, draft_pb2, draft_pb2_grpc, target_pb2, target_pb2_grpc
     assert draft_pb2.__file__.startswith({gen!r}), draft_pb2.__file__
 
-    def digest(tokens):  # DESIGN.md's rolling digest, from its text alone
+    def digest(tokens):  # docs/design.md's rolling digest, from its text alone
         d = 0
         for t in tokens:
             data = d.to_bytes(8, "little") + t.to_bytes(4, "little")

@@ -1,4 +1,4 @@
-"""specdec.digest against the formula in DESIGN.md ("The cache-sync rule"), recomputed here."""
+"""specdec.digest against the formula in docs/design.md ("The prefix digest"), recomputed here."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ def ref_extend(d: int, t: int) -> int:
 
 
 def ref_prefixes(tokens: list[int], start: int = 0) -> list[int]:
-    """[d_0, d_1, ..., d_n] straight from the DESIGN.md definition."""
+    """[d_0, d_1, ..., d_n] straight from the docs/design.md definition."""
     out = [start]
     for t in tokens:
         out.append(ref_extend(out[-1], t))
