@@ -33,7 +33,7 @@ $(STAMP): pyproject.toml setup.py constraints.txt requirements-nodeps.txt
 	  echo "== torch 2.13.0 from $(TORCH_INDEX)"; \
 	  $(PIP) --index-url '$(TORCH_INDEX)' torch==2.13.0; \
 	else \
-	  echo "== $(TORCH_INDEX) did not answer within $(TORCH_PROBE_S) s: torch 2.13.0 from pip's default index"; \
+	  echo "== $(TORCH_INDEX) not reachable (probed for at most $(TORCH_PROBE_S) s): torch 2.13.0 from pip's default index"; \
 	  $(PIP) torch==2.13.0; \
 	fi
 	@$(MAKE) --no-print-directory cuda-check
