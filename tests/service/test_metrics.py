@@ -7,67 +7,21 @@ clients sent (counted by wrapping the clients, independently of the metrics code
 
 from __future__ import annotations
 
-import logging
-import socket
-import urllib.error
-import urllib.request
-
 import grpc
-import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
-import specdec.metrics
 from coordinator.clients import DraftClient, TargetClient
 from coordinator.loop import SpeculativeLoop
 from coordinator.policy import LoopPolicy
 from coordinator.routing import Router
-from draft_service.__main__ import create as create_draft
-from draft_service.config import DraftConfig
-from specdec.metrics import ModelMetrics, PrometheusLoopMetrics, PrometheusModelMetrics
+from specdec.metrics import PrometheusLoopMetrics
 from specdec.sampling import SamplingParams
 from specdec.verify import TokenKind
-from target_service.__main__ import create as create_target
-from target_service.config import TargetConfig
+from tests.service import _metrics_helpers
+from tests.service._metrics_helpers import PROMPT, Delta, Samples, free_port
 
 GREEDY = SamplingParams()
-PROMPT = [1, 2, 3, 4, 5]
 K = 4
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-class Samples:
-    """One scrape: {(sample name, labels): value}. A missing sample is a KeyError."""
-
-    def __init__(self, port: int):
-        url = f"http://127.0.0.1:{port}/metrics"
-        with urllib.request.urlopen(url, timeout=10) as resp:
-            text = resp.read().decode()
-        self.values = {
-            (s.name, frozenset(s.labels.items())): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples
-        }
-
-    def __call__(self, name: str, **labels) -> float:
-        return self.values[(name, frozenset(labels.items()))]
-
-    def has(self, name: str, **labels) -> bool:
-        return (name, frozenset(labels.items())) in self.values
-
-
-class Delta:
-    """after - before for counters and histogram series (absent before = 0)."""
-
-    def __init__(self, before: Samples, after: Samples):
-        self.before, self.after = before, after
-
-    def __call__(self, name: str, **labels) -> float:
-        old = self.before(name, **labels) if self.before.has(name, **labels) else 0.0
-        return self.after(name, **labels) - old
+services = _metrics_helpers.services  # the shared fixture: servers for this module
 
 
 class Injected(grpc.RpcError):
@@ -118,27 +72,6 @@ class CountingTarget(Counting, TargetClient):
     def verify(self, sync, drafts, *args, **kwargs):
         return self._count(lambda: TargetClient.verify(self, sync, drafts, *args, **kwargs),
                            len(sync.new_tokens) + len(drafts))
-
-
-@pytest.fixture(scope="module")
-def services():
-    """((draft address, engine), (target address, engine)) with --metrics-port set."""
-    made = []
-
-    def up(create, cfg):
-        server, port, engine = create(cfg)
-        made.append((server, engine))
-        server.start()
-        return f"127.0.0.1:{port}", engine
-
-    draft = up(create_draft, DraftConfig(model="tiny-random-draft", port=0, max_sessions=8,
-                                         metrics_port=free_port()))
-    target = up(create_target, TargetConfig(model="tiny-random", port=0, max_sessions=8,
-                                            metrics_port=free_port()))
-    yield draft, target
-    for server, engine in made:
-        server.stop(0)
-        engine.model.metrics.close()
 
 
 def test_a_generation_moves_every_endpoint_consistently(services, monkeypatch):
@@ -295,170 +228,3 @@ def test_faults_are_counted_where_the_loop_counts_them(services):
     assert c("specdec_spec_decode_num_accepted_tokens_total") == stats.accepted_tokens
     assert c("specdec_coordinator_round_duration_seconds_count") == stats.rounds
     assert c.after("specdec_coordinator_active_generations") == 0
-
-
-def test_evictions_are_counted_by_reason(services):
-    """A session past its TTL counts as an idle eviction, not a release."""
-    _, (t_addr, t_engine) = services
-    store = t_engine.model.store
-    port = t_engine.model.metrics.port
-    before = Samples(port)
-    with grpc.insecure_channel(t_addr) as ch:
-        TargetClient(ch).stub.Verify(_verify_request("evict-me"), timeout=10)
-    live = "specdec_target_live_sessions"
-    assert Samples(port)(live) == before(live) + 1
-    ttl = store.ttl_s
-    store.ttl_s = -1.0  # every idle session is past it
-    try:
-        assert store.evict_expired() >= 1
-    finally:
-        store.ttl_s = ttl
-    delta = Delta(before, Samples(port))
-    assert delta("specdec_target_session_evictions_total", reason="idle") >= 1
-    assert delta("specdec_target_session_evictions_total", reason="memory") == 0
-    assert delta("specdec_target_released_sessions_total") == 0
-    assert delta.after("specdec_target_live_sessions") == 0
-
-
-def test_verify_batch_size_and_inflight_count_every_request(services, monkeypatch):
-    """The engine's batch entry point (gRPC sends batches of one): a batch of three, one
-    of them invalid, is one batch of 3 and 3 requests in flight until it returns, even
-    when a request fails outright."""
-    from target_service.engine import VerifyArgs
-
-    _, (_, engine) = services
-    port = engine.model.metrics.port
-    batch = [VerifyArgs(session_id=f"batch-{i}", keep_len=0, keep_digest=0,
-                        new_tokens=[1, 2, 3]) for i in range(2)]
-    batch.append(VerifyArgs(session_id="batch-bad", keep_len=0, keep_digest=0,
-                            new_tokens=[]))  # INVALID_ARGUMENT, reported in its slot
-    before = Samples(port)
-    inflight_seen: list[float] = []
-    sync = engine.model.sync
-
-    def look_then_sync(*args, **kwargs):
-        inflight_seen.append(Samples(port)("specdec_target_inflight_verify_requests"))
-        return sync(*args, **kwargs)
-
-    monkeypatch.setattr(engine.model, "sync", look_then_sync)
-    results = engine.verify_batch(batch)
-    for args in batch:
-        engine.release(args.session_id)
-    assert [isinstance(r, Exception) for r in results] == [False, False, True]
-    assert inflight_seen == [3.0, 3.0]
-    delta = Delta(before, Samples(port))
-    assert delta("specdec_target_verify_batch_size_count") == 1
-    assert delta("specdec_target_verify_batch_size_sum") == 3
-    assert delta("specdec_target_verify_batch_size_bucket", le="2.0") == 0
-    assert delta("specdec_target_verify_batch_size_bucket", le="4.0") == 1
-    assert delta.after("specdec_target_inflight_verify_requests") == 0
-
-    def broken(*_args, **_kwargs):
-        raise RuntimeError("the model fell over")
-
-    monkeypatch.setattr(engine.model, "sync", broken)
-    with pytest.raises(RuntimeError):
-        engine.verify_batch(batch[:1])
-    assert Samples(port)("specdec_target_inflight_verify_requests") == 0
-
-
-def _verify_request(session_id: str):
-    from specdec.v1 import target_pb2
-
-    return target_pb2.VerifyRequest(session_id=session_id, keep_len=0, keep_digest=0,
-                                    new_tokens=[1, 2, 3], num_draft=0, round_seed=1)
-
-
-class _NoServer:
-    def shutdown(self):
-        pass
-
-    def server_close(self):
-        pass
-
-
-def test_metrics_port_zero_serves_nothing(monkeypatch):
-    started = []
-
-    def spy(*args):
-        started.append(args)
-        return _NoServer(), None
-
-    monkeypatch.setattr(specdec.metrics, "start_http_server", spy)
-    server, _, engine = create_draft(DraftConfig(model="tiny-random-draft", port=0))
-    server.stop(0)
-    assert started == []
-    assert type(engine.model.metrics) is ModelMetrics and not engine.model.metrics.enabled
-    with grpc.insecure_channel("127.0.0.1:1") as channel:
-        assert not SpeculativeLoop(None, TargetClient(channel)).metrics.enabled
-    # The spy sees a server started as soon as the port is not 0.
-    server, _, engine = create_target(TargetConfig(model="tiny-random", port=0,
-                                                   metrics_port=9))
-    server.stop(0)
-    engine.model.metrics.close()
-    assert started == [(9, "127.0.0.1", engine.model.metrics.registry)]
-
-
-def test_flags_default_to_off():
-    from coordinator.config import from_args as coordinator_args
-    from draft_service.config import from_args as draft_args
-    from target_service.config import from_args as target_args
-
-    for parse, base in ((draft_args, ["--model", "m"]), (target_args, ["--model", "m"]),
-                        (coordinator_args, [])):
-        assert parse(base).metrics_port == 0
-        assert parse([*base, "--metrics-port", "9100"]).metrics_port == 9100
-
-
-def test_a_taken_port_fails_a_model_service_or_moves_a_replica_on(services, caplog):
-    """A model service treats a taken metrics port like a taken gRPC port (start-up
-    error); a coordinator replica warns and takes the next free one."""
-    host = "0.0.0.0"
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        port = taken.getsockname()[1]
-        with pytest.raises(OSError, match=f"metrics on 127.0.0.1:{port}"):
-            PrometheusModelMetrics("draft").serve(port, "127.0.0.1")
-
-    from coordinator.app import Coordinator
-
-    (d_addr, _), (t_addr, _) = services
-    for _ in range(20):  # a free port whose successor is free too
-        with socket.socket() as taken, socket.socket() as probe:
-            taken.bind((host, 0))
-            port = taken.getsockname()[1]
-            try:
-                probe.bind((host, port + 1))
-            except OSError:
-                continue
-            probe.close()
-            taken.listen()
-            with caplog.at_level(logging.WARNING, logger="specdec.metrics"):
-                replica = Coordinator.func_or_class(
-                    {"draft": d_addr, "target": t_addr, "metrics_port": port})
-            break
-    else:
-        pytest.fail("no two consecutive free ports")
-    try:
-        assert replica.metrics.port == port + 1
-        assert replica.service.loop.metrics is replica.metrics
-        assert any(f"metrics port {host}:{port} is taken" in r.getMessage()
-                   for r in caplog.records)
-        before = Samples(port + 1)
-        from specdec.v1 import generate_pb2
-
-        resp = replica.service.generate(generate_pb2.GenerateRequest(
-            prompt_token_ids=PROMPT, max_new_tokens=8, num_draft_tokens=2))
-        after = Samples(port + 1)
-        delta = Delta(before, after)
-        assert len(resp.token_ids) == 8
-        assert delta("specdec_spec_decode_num_draft_tokens_total") == resp.stats.drafted_tokens
-        assert (delta("specdec_spec_decode_num_accepted_tokens_total")
-                == resp.stats.accepted_tokens)
-        assert delta("specdec_coordinator_round_duration_seconds_count") == resp.stats.rounds
-        assert delta("specdec_coordinator_generated_tokens_total") == 8
-    finally:
-        replica.__del__()
-    with pytest.raises(urllib.error.URLError):
-        Samples(port + 1)  # closed with the replica
