@@ -6,10 +6,8 @@ import argparse
 import json
 import logging
 import signal
-import statistics
 import sys
 import threading
-import time
 from contextlib import ExitStack
 
 log = logging.getLogger("specdec")
@@ -87,13 +85,15 @@ def up(args: argparse.Namespace) -> int:
 
 
 def demo(args: argparse.Namespace) -> int:
-    """Prepare, start everything, K=4 vs K=0 on one chat prompt, print both and the speedup."""
+    """Prepare, start everything, K vs K=0 on one chat prompt, print both and the speedup."""
     import grpc
 
     from specdec import stack
+    from specdec.bench import harness
+    from specdec.bench.system import BASELINE, GrpcScenario
     from specdec.prepare import prepare_smollm2
     from specdec.runtime.openvino_export import export
-    from specdec.v1 import generate_pb2, generate_pb2_grpc
+    from specdec.v1 import generate_pb2_grpc
 
     print("== preparing the SmolLM2-135M model and its OpenVINO IRs (cached after the first "
           "run)", flush=True)
@@ -106,73 +106,70 @@ def demo(args: argparse.Namespace) -> int:
         s = stack.start(cfg, es)
         with grpc.insecure_channel(s.address) as channel:
             stub = generate_pb2_grpc.GeneratorStub(channel)
-
-            def run(k):
-                req = generate_pb2.GenerateRequest(max_new_tokens=args.max_new_tokens,
-                                                   num_draft_tokens=k)
-                req.messages.add(role="user", content=args.prompt)
-                t0 = time.perf_counter()
-                resp = stub.Generate(req, timeout=600)
-                return resp, len(resp.token_ids) / (time.perf_counter() - t0)
-
-            print("== warming up", flush=True)
-            run(cfg.k)
-            run(0)
-            print(f"== generating greedily, K={cfg.k} and K=0 interleaved, {args.repeats} times",
-                  flush=True)
-            spec_tps, base_tps = [], []
-            for _ in range(args.repeats):
-                spec, tps = run(cfg.k)
-                spec_tps.append(tps)
-                base, tps = run(0)
-                base_tps.append(tps)
-    st = spec.stats
-    accept = st.accepted_tokens / max(st.drafted_tokens, 1)
-    same = list(spec.token_ids) == list(base.token_ids)
+            spec_sc = GrpcScenario(stub, cfg.k)
+            print(f"== warming up, then generating greedily, K={cfg.k} and K=0 back to back, "
+                  f"{args.repeats} times", flush=True)
+            samples = harness.run_side_by_side([spec_sc, GrpcScenario(stub, 0)], [args.prompt],
+                                               args.max_new_tokens, args.repeats,
+                                               warmup=True, desc="demo")
+    spec = next(x for x in samples if x.scenario == spec_sc.name)
+    base = next(x for x in samples if x.scenario == BASELINE)
+    same = all(x.token_ids == base.token_ids for x in samples)
     print(f"\n--- speculative (K={cfg.k}) ---\n{spec.text}\n")
     print(f"--- target only (K=0) ---\n{base.text}\n")
-    s_med, b_med = statistics.median(spec_tps), statistics.median(base_tps)
-    print(f"identical token ids: {'yes' if same else 'NO'} ({len(spec.token_ids)} tokens)")
-    print(f"target-only: {b_med:.1f} tokens/s   speculative: {s_med:.1f} tokens/s   "
-          f"speedup: {s_med / b_med:.2f}x (medians of {args.repeats})")
-    print(f"acceptance: {accept:.2f} of drafted tokens ({st.accepted_tokens}/"
-          f"{st.drafted_tokens}), {len(spec.token_ids) / max(st.rounds, 1):.2f} tokens per "
-          f"target pass")
+    print(f"identical token ids: {'yes' if same else 'NO'} ({spec.tokens} tokens)")
+    print(f"target-only: {harness.median_tps(samples, BASELINE):.1f} tokens/s   speculative: "
+          f"{harness.median_tps(samples, spec_sc.name):.1f} tokens/s (medians of "
+          f"{args.repeats})   speedup: "
+          f"{harness.speedup(samples, spec_sc.name, BASELINE):.2f}x")
+    print(f"  ({harness.SPEEDUP_DEFINITION})")
+    print(f"acceptance: {spec.accepted / max(spec.drafted, 1):.2f} of drafted tokens "
+          f"({spec.accepted}/{spec.drafted}), {spec.tokens / max(spec.rounds, 1):.2f} tokens "
+          f"per target pass")
     return 0 if same else 1
 
 
 def stack_config(args: argparse.Namespace):
+    from specdec.pair import DEFAULT_PAIR, Pair
     from specdec.stack import StackConfig
 
-    return StackConfig(target_model=args.target_model, draft_model=args.draft_model,
-                       draft_args=tuple(args.draft_arg) if args.draft_arg else
-                       StackConfig.draft_args,
-                       target_args=tuple(args.target_arg) if args.target_arg else
-                       StackConfig.target_args, k=args.k_default,
-                       port=args.port, draft_port=args.draft_port,
-                       target_port=args.target_port, threads=args.threads,
+    def spec(default, model, flags):
+        spec = default.with_(model=model, threads=args.threads)
+        if flags:  # replace the default's backend/weights flags
+            spec = spec.with_(backend=None, weights=None, extra=tuple(flags))
+        return spec
+
+    pair = Pair(DEFAULT_PAIR.name if not (args.draft_arg or args.target_arg) else "custom",
+                spec(DEFAULT_PAIR.target, args.target_model, args.target_arg),
+                spec(DEFAULT_PAIR.draft, args.draft_model, args.draft_arg))
+    return StackConfig(pair=pair, k=args.k_default, port=args.port,
+                       draft_port=args.draft_port, target_port=args.target_port,
                        pin=not args.no_pin, no_draft=args.no_draft,
                        pipeline=not args.no_pipeline)
 
 
 def add_stack_flags(p: argparse.ArgumentParser) -> None:
+    from specdec.pair import DEFAULT_PAIR
     from specdec.stack import StackConfig
 
     d = StackConfig()
-    p.add_argument("--target-model", default=d.target_model,
+    p.add_argument("--target-model", default=DEFAULT_PAIR.target.model,
                    help="target model name or folder (default: %(default)s)")
-    p.add_argument("--draft-model", default=d.draft_model,
+    p.add_argument("--draft-model", default=DEFAULT_PAIR.draft.model,
                    help="draft model name or folder (default: %(default)s)")
     p.add_argument("--draft-arg", action="append", metavar="FLAG",
                    help="flag for the draft service, repeatable; replaces the default "
-                        f"{' '.join(d.draft_args)} (e.g. --draft-arg=--backend=torch)")
+                        f"{' '.join(DEFAULT_PAIR.draft.model_flags())} "
+                        "(e.g. --draft-arg=--backend=torch)")
     p.add_argument("--target-arg", action="append", metavar="FLAG",
                    help="flag for the target service, repeatable; replaces the default "
-                        f"{' '.join(d.target_args)}")
+                        f"{' '.join(DEFAULT_PAIR.target.model_flags())}")
     p.add_argument("--no-pipeline", action="store_true",
                    help="sequential rounds instead of pipelined drafting")
     p.add_argument("--no-pin", action="store_true",
-                   help="do not pin the draft and the target to separate CPUs")
+                   help="do not pin the draft and the target to separate CPUs (pinned: the "
+                        "draft on the first CPU this process may use, the target on the "
+                        "second, when there are two)")
     p.add_argument("--no-draft", action="store_true", help="start no draft (target only)")
     p.add_argument("--k", dest="k_default", type=int, default=d.k,
                    help="draft tokens per round (default: %(default)s)")
@@ -182,7 +179,7 @@ def add_stack_flags(p: argparse.ArgumentParser) -> None:
                    help="draft service port (default: %(default)s)")
     p.add_argument("--target-port", type=int, default=d.target_port,
                    help="target service port (default: %(default)s)")
-    p.add_argument("--threads", type=int, default=d.threads,
+    p.add_argument("--threads", type=int, default=DEFAULT_PAIR.target.threads,
                    help="threads per model service; 0 = the runtime's default "
                         "(default: %(default)s)")
 

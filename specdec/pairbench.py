@@ -1,50 +1,31 @@
 """`specdec bench-pairs`: choose the draft/target pair by measuring, side by side.
 
-For each candidate pair, the target and draft services are started as processes (pinned
-to separate cores, or not), and the same chat prompts are generated greedily with K and
-with K=0 (target-only on the same target backend), interleaved, through the coordinator's
+For each candidate pair (specdec.pair.CANDIDATES), the target and draft services are
+started as processes (placed by specdec.pair.placement(), or not pinned), and the same
+chat prompts are generated greedily with K and with K=0 (target-only on the same target
+backend) through specdec.bench.harness, interleaved, through the coordinator's
 GenerationService in this process (Ray Serve is left out: it adds the same cost to
-both). Reports median tokens/s, speedup, acceptance and whether every speculative text
-equals its target-only twin.
+both). Reports median tokens/s, speedup (harness.SPEEDUP_DEFINITION), acceptance and
+whether every speculative text equals its target-only twin.
 """
 
 from __future__ import annotations
 
 import json
-import statistics
-import time
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 
 from tqdm import tqdm
 
+from specdec.bench import harness
+from specdec.pair import CANDIDATES, Pair
+
+__all__ = ["CANDIDATES", "PROMPTS", "Pair", "PairResult", "measure", "run_all", "table"]
+
 PROMPTS = [
     "Explain in a few sentences why the sky is blue.",
     "Write a Python function that checks whether a number is prime.",
     "Give me three tips for a good night's sleep.",
-]
-
-
-@dataclass(frozen=True)
-class Pair:
-    name: str
-    target: tuple[str, ...]  # flags for target_service
-    draft: tuple[str, ...]  # flags for draft_service
-
-
-CANDIDATES = [
-    Pair("ov-fp32 target + ov-int8 draft",
-         ("--backend", "openvino", "--weights", "fp32"),
-         ("--backend", "openvino", "--weights", "int8")),
-    Pair("ov-fp32 target + ov-int4 draft",
-         ("--backend", "openvino", "--weights", "fp32"),
-         ("--backend", "openvino", "--weights", "int4")),
-    Pair("torch-fp32 target + ov-int8 draft",
-         ("--backend", "torch"),
-         ("--backend", "openvino", "--weights", "int8")),
-    Pair("torch-fp32 target + torch-int8 draft",
-         ("--backend", "torch"),
-         ("--backend", "torch", "--quantize", "int8")),
 ]
 
 
@@ -55,7 +36,7 @@ class PairResult:
     k: int
     target_only_tokens_per_s: float
     speculative_tokens_per_s: float
-    speedup: float
+    speedup: float  # harness.SPEEDUP_DEFINITION
     acceptance: float  # accepted / drafted
     tokens_per_round: float
     exact: bool
@@ -65,49 +46,27 @@ def measure(pair: Pair, pinned: bool, k: int, max_new_tokens: int, repeats: int,
             model: str) -> PairResult:
     from coordinator.config import CoordinatorConfig
     from coordinator.setup import build_service
-    from specdec import launcher
-    from specdec.v1 import generate_pb2
+    from specdec import pair as pairs
+    from specdec.bench.system import BASELINE, SystemScenario
 
     with ExitStack() as stack:
-        procs = []
-        for module, flags, cpu in (("target_service", pair.target, "1"),
-                                   ("draft_service", pair.draft, "0")):
-            args = ["--model", model, "--port", "0", "--threads", "1", *flags]
-            if pinned:
-                args += ["--cpus", cpu]
-            proc = launcher.start(module, args, timeout=300)
-            stack.callback(proc.stop)
-            procs.append(proc)
-        service = build_service(CoordinatorConfig(target=procs[0].address,
-                                                  draft=procs[1].address))
-
-        def run(prompt, kk):
-            req = generate_pb2.GenerateRequest(max_new_tokens=max_new_tokens,
-                                               num_draft_tokens=kk)
-            req.messages.add(role="user", content=prompt)
-            t0 = time.perf_counter()
-            resp = service.generate(req)
-            return resp, len(resp.token_ids) / (time.perf_counter() - t0)
-
-        run(PROMPTS[0], k)  # warm-up
-        run(PROMPTS[0], 0)
-        base_tps, spec_tps = [], []
-        drafted = accepted = rounds = tokens = 0
-        exact = True
-        for _ in range(repeats):
-            for prompt in PROMPTS:
-                spec, s = run(prompt, k)
-                base, b = run(prompt, 0)
-                spec_tps.append(s)
-                base_tps.append(b)
-                exact &= list(spec.token_ids) == list(base.token_ids)
-                drafted += spec.stats.drafted_tokens
-                accepted += spec.stats.accepted_tokens
-                rounds += spec.stats.rounds
-                tokens += len(spec.token_ids)
-    b, s = statistics.median(base_tps), statistics.median(spec_tps)
-    return PairResult(pair.name, pinned, k, b, s, s / b, accepted / max(drafted, 1),
-                      tokens / max(rounds, 1), exact)
+        running = pairs.start(pair.with_models(model, model), stack, pin=pinned)
+        service = build_service(CoordinatorConfig(target=running.target.address,
+                                                  draft=running.draft.address,
+                                                  pipeline=False))
+        spec_sc = SystemScenario(service, k)
+        samples = harness.run_side_by_side([spec_sc, SystemScenario(service, 0)], PROMPTS,
+                                           max_new_tokens, repeats, warmup=True,
+                                           desc=pair.name)
+    spec = [s for s in samples if s.scenario == spec_sc.name]
+    base = [s for s in samples if s.scenario == BASELINE]
+    drafted, accepted = sum(s.drafted for s in spec), sum(s.accepted for s in spec)
+    rounds, tokens = sum(s.rounds for s in spec), sum(s.tokens for s in spec)
+    exact = all(s.token_ids == b.token_ids for s, b in zip(spec, base, strict=True))
+    return PairResult(pair.name, running.pinned, k, harness.median_tps(samples, BASELINE),
+                      harness.median_tps(samples, spec_sc.name),
+                      harness.speedup(samples, spec_sc.name, BASELINE),
+                      accepted / max(drafted, 1), tokens / max(rounds, 1), exact)
 
 
 def table(results: list[PairResult]) -> str:
@@ -152,6 +111,7 @@ def add_parser(sub) -> None:
         results = run_all(args.k, args.max_new_tokens, args.repeats, args.model, args.pair,
                           modes)
         print(table(results))
+        print(f"speedup: {harness.SPEEDUP_DEFINITION}")
         if args.json:
             with open(args.json, "w") as f:
                 json.dump([asdict(r) for r in results], f, indent=2)

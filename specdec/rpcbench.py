@@ -1,9 +1,10 @@
 """`specdec rpc-bench`: acceptance, bytes per round and RPC latency of the services.
 
-Runs target-only (K=0) and speculative generations side by side (interleaved, same
-prompts) through the real gRPC services, either started here on loopback with the tiny
-models or given by address, and reports medians. Greedy runs also check exactness:
-every speculative generation must equal its target-only twin.
+Runs target-only (K=0) and speculative generations of random token-id prompts side by
+side (specdec.bench.harness: interleaved, same prompts) through the real gRPC services,
+either started here on loopback with the tiny models or given by address, and reports
+medians; speedup is harness.SPEEDUP_DEFINITION. Greedy runs also check exactness: every
+speculative generation must equal its target-only twin.
 """
 
 from __future__ import annotations
@@ -13,13 +14,10 @@ import statistics
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 
-import grpc
 import torch
-from tqdm import tqdm
 
-from coordinator.clients import Call, DraftClient, TargetClient
-from coordinator.loop import SpeculativeLoop
-from specdec.sampling import SamplingParams
+from coordinator.clients import Call
+from specdec.bench import harness
 
 
 @dataclass
@@ -44,8 +42,9 @@ class RpcBenchResult:
     verify_ms_p90: float
     target_only_tokens_per_s: float  # median over generations
     speculative_tokens_per_s: float  # median over generations
-    speedup_median: float  # median of per-prompt ratios
+    speedup_median: float  # harness.SPEEDUP_DEFINITION
     exact: bool | None  # greedy only: every speculative output == target-only output
+    speedup_definition: str = harness.SPEEDUP_DEFINITION
 
 
 def _quantile_ms(calls: list[Call], q: float) -> float:
@@ -73,33 +72,37 @@ def start_tiny_services(stack: ExitStack) -> tuple[str, str]:
 def run(draft_address: str | None = None, target_address: str | None = None,
         generations: int = 20, max_new_tokens: int = 64, k: int = 4,
         temperature: float = 0.0, top_n: int = 0, prompt_len: int = 16) -> RpcBenchResult:
+    from coordinator.config import CoordinatorConfig
+    from coordinator.setup import build_service
+    from specdec.bench.system import BASELINE, LoopScenario
+
     with ExitStack() as stack:
         if draft_address is None or target_address is None:
             draft_address, target_address = start_tiny_services(stack)
-        draft_channel = stack.enter_context(grpc.insecure_channel(draft_address))
-        target_channel = stack.enter_context(grpc.insecure_channel(target_address))
-        # Separate clients, so the speculative clients log only speculative calls.
-        base_loop = SpeculativeLoop(None, TargetClient(target_channel))
-        draft, target = DraftClient(draft_channel), TargetClient(target_channel)
-        spec_loop = SpeculativeLoop(draft, target, top_n=top_n)
+        # Separate services (so separate clients): the speculative clients log only
+        # speculative calls. Sequential rounds, said explicitly.
+        base_service = build_service(CoordinatorConfig(target=target_address, draft="",
+                                                       pipeline=False))
+        spec_service = build_service(CoordinatorConfig(target=target_address,
+                                                       draft=draft_address, top_n=top_n,
+                                                       pipeline=False))
+        draft = spec_service.loop.draft.replicas()[0].client
+        target = spec_service.loop.target.replicas()[0].client
         d_info, t_info = draft.info(), target.info()
         g = torch.Generator().manual_seed(0)
-        base_tps, spec_tps, ratios = [], [], []
-        rounds = drafted = accepted = rejections = 0
-        exact = True
-        for i in tqdm(range(generations), desc=f"rpc-bench K={k}", unit="prompt"):
-            prompt = torch.randint(0, t_info.vocab_size, (prompt_len,), generator=g).tolist()
-            params = SamplingParams(temperature=temperature, seed=i)
-            base = base_loop.generate(prompt, max_new_tokens, params, 0)
-            spec = spec_loop.generate(prompt, max_new_tokens, params, k)
-            base_tps.append(len(base.token_ids) / base.stats.seconds)
-            spec_tps.append(len(spec.token_ids) / spec.stats.seconds)
-            ratios.append(spec_tps[-1] / base_tps[-1])
-            rounds += spec.stats.rounds
-            drafted += spec.stats.drafted_tokens
-            accepted += spec.stats.accepted_tokens
-            rejections += spec.stats.rejections
-            exact &= spec.token_ids == base.token_ids
+        prompts = [torch.randint(0, t_info.vocab_size, (prompt_len,), generator=g).tolist()
+                   for _ in range(generations)]
+        base_sc, spec_sc = LoopScenario(base_service, 0), LoopScenario(spec_service, k)
+        samples = harness.run_side_by_side([base_sc, spec_sc], prompts, max_new_tokens,
+                                           temperatures=(temperature,),
+                                           desc=f"rpc-bench K={k}",
+                                           seed=lambda repeat, i: i)
+        base = [s for s in samples if s.scenario == BASELINE]
+        spec = [s for s in samples if s.scenario == spec_sc.name]
+        rounds = sum(s.rounds for s in spec)
+        drafted, accepted = sum(s.drafted for s in spec), sum(s.accepted for s in spec)
+        rejections = sum(s.rejections for s in spec)
+        exact = all(s.token_ids == b.token_ids for s, b in zip(spec, base, strict=True))
         proposes, verifies = list(draft.bytes.recent), list(target.bytes.recent)
         total_bytes = sum(c.request_bytes + c.reply_bytes for c in proposes + verifies)
         return RpcBenchResult(
@@ -117,9 +120,9 @@ def run(draft_address: str | None = None, target_address: str | None = None,
             propose_ms_p90=_quantile_ms(proposes, 0.9),
             verify_ms_median=_quantile_ms(verifies, 0.5),
             verify_ms_p90=_quantile_ms(verifies, 0.9),
-            target_only_tokens_per_s=statistics.median(base_tps),
-            speculative_tokens_per_s=statistics.median(spec_tps),
-            speedup_median=statistics.median(ratios),
+            target_only_tokens_per_s=harness.median_tps(samples, BASELINE),
+            speculative_tokens_per_s=harness.median_tps(samples, spec_sc.name),
+            speedup_median=harness.speedup(samples, spec_sc.name, BASELINE),
             exact=exact if temperature == 0 else None,
         )
 

@@ -9,10 +9,13 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from specdec.bench.scenarios import Sample
+from specdec.bench import harness
+from specdec.bench.harness import Sample
+from specdec.bench.system import BASELINE
 from specdec.verify import TokenKind
 
-BASELINE = "target-only (system, K=0)"
+__all__ = ["BASELINE", "Row", "markdown", "plots", "rounds_from_kinds", "summarise",
+           "write_json"]
 
 
 @dataclass
@@ -24,7 +27,7 @@ class Row:
     tokens_per_s: float  # median over prompts x repeats
     tokens_per_s_min: float
     tokens_per_s_max: float
-    speedup: float | None  # median of per-(prompt, repeat) ratios to target-only
+    speedup: float | None  # harness.SPEEDUP_DEFINITION
     ttft_ms: float | None
     alpha: float | None = None  # per-token acceptance
     mean_accepted: float | None = None  # accepted drafts per round
@@ -68,17 +71,9 @@ def summarise(samples: list[Sample], temperature: float) -> list[Row]:
     rows = []
     for name, group in by_scenario.items():
         tps = [s.tokens_per_s for s in group]
-        ratios = []
-        seen: dict[str, int] = defaultdict(int)
-        for s in group:
-            refs = base_by_prompt.get(s.prompt, [])
-            if refs:
-                ref = refs[min(seen[s.prompt], len(refs) - 1)]
-                ratios.append(s.tokens_per_s / ref.tokens_per_s)
-            seen[s.prompt] += 1
         ttfts = [s.ttft for s in group if s.ttft is not None]
         row = Row(name, temperature, k_of(name), len(group), statistics.median(tps), min(tps),
-                  max(tps), statistics.median(ratios) if ratios else None,
+                  max(tps), harness.speedup(samples, name, BASELINE),
                   1000 * statistics.median(ttfts) if ttfts else None)
         k = row.k
         if group[0].kinds and k:
@@ -121,32 +116,51 @@ def _fmt(x, spec=".2f", suffix="") -> str:
     return "-" if x is None else f"{x:{spec}}{suffix}"
 
 
-def markdown(rows: list[Row], meta: dict) -> str:
-    out = [f"Machine: {meta.get('machine', '?')}. Model: {meta.get('model', '?')}. "
-           f"{meta.get('prompts')} prompts x {meta.get('max_new_tokens')} new tokens, "
-           f"{meta.get('repeats')} repeats, interleaved; medians (min-max).", ""]
-    for temperature in sorted({r.temperature for r in rows}):
-        out += [f"### temperature {temperature}", "",
-                "| scenario | tok/s (min-max) | speedup | TTFT ms | alpha | accepted/round | "
-                "c | t(K+1)/t(1) | bound | efficiency | bytes/round | overhead ms/round | "
-                "exact |", "|" + "---|" * 13]
-        for r in [r for r in rows if r.temperature == temperature]:
-            out.append(
-                f"| {r.scenario} | {r.tokens_per_s:.1f} ({r.tokens_per_s_min:.1f}-"
-                f"{r.tokens_per_s_max:.1f}) | {_fmt(r.speedup, '.2f', 'x')} | "
-                f"{_fmt(r.ttft_ms, '.0f')} | {_fmt(r.alpha)} | {_fmt(r.mean_accepted)} | "
-                f"{_fmt(r.cost_ratio_c)} | {_fmt(r.verify_cost_ratio)} | "
-                f"{_fmt(r.bound, '.2f', 'x')} | {_fmt(r.efficiency)} | "
-                f"{_fmt(r.wire_bytes_per_round, '.0f')} | "
-                f"{_fmt(r.coordinator_overhead_ms_per_round, '.1f')} | "
-                f"{'-' if r.exact is None else ('yes' if r.exact else 'NO')} |")
-        out.append("")
-    for key, error in (meta.get("failed") or {}).items():
-        out.append(f"Failed and skipped: {key}: {error}")
+def table(rows: list[Row]) -> list[str]:
+    """The Markdown table of these rows (one temperature)."""
+    out = ["| scenario | tok/s (min-max) | speedup | TTFT ms | alpha | accepted/round | "
+           "c | t(K+1)/t(1) | bound | efficiency | bytes/round | overhead ms/round | "
+           "exact |", "|" + "---|" * 13]
+    for r in rows:
+        out.append(
+            f"| {r.scenario} | {r.tokens_per_s:.1f} ({r.tokens_per_s_min:.1f}-"
+            f"{r.tokens_per_s_max:.1f}) | {_fmt(r.speedup, '.2f', 'x')} | "
+            f"{_fmt(r.ttft_ms, '.0f')} | {_fmt(r.alpha)} | {_fmt(r.mean_accepted)} | "
+            f"{_fmt(r.cost_ratio_c)} | {_fmt(r.verify_cost_ratio)} | "
+            f"{_fmt(r.bound, '.2f', 'x')} | {_fmt(r.efficiency)} | "
+            f"{_fmt(r.wire_bytes_per_round, '.0f')} | "
+            f"{_fmt(r.coordinator_overhead_ms_per_round, '.1f')} | "
+            f"{'-' if r.exact is None else ('yes' if r.exact else 'NO')} |")
+    return out
+
+
+def notes(meta: dict) -> list[str]:
+    """Failed peers and peak RSS, one line each."""
+    out = [f"Failed and skipped: {key}: {error}"
+           for key, error in (meta.get("failed") or {}).items()]
     if meta.get("peak_rss_mb"):
         out.append("Peak RSS: " + ", ".join(f"{k} {v:.0f} MB"
                                             for k, v in meta["peak_rss_mb"].items()))
+    return out
+
+
+def markdown(rows: list[Row], meta: dict) -> str:
+    out = [f"Machine: {meta.get('machine', '?')}. Model: {meta.get('model', '?')}. "
+           f"{meta.get('prompts')} prompts x {meta.get('max_new_tokens')} new tokens, "
+           f"{meta.get('repeats')} repeats, interleaved; medians (min-max). "
+           f"{meta.get('speedup_definition', harness.SPEEDUP_DEFINITION)}.", ""]
+    for temperature in sorted({r.temperature for r in rows}):
+        out += [f"### temperature {temperature}", ""]
+        out += table([r for r in rows if r.temperature == temperature])
+        out.append("")
+    out += notes(meta)
     return "\n".join(out) + "\n"
+
+
+def load_json(path: Path) -> tuple[list[Row], dict]:
+    """(rows, meta) of a bench.json."""
+    data = json.loads(Path(path).read_text())
+    return [Row(**r) for r in data["rows"]], data["meta"]
 
 
 def write_json(path: Path, rows: list[Row], meta: dict) -> None:

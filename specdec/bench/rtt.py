@@ -7,12 +7,11 @@ speedups are what draft and target on other hosts would see.
 
 from __future__ import annotations
 
-import statistics
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from specdec.bench.scenarios import SystemScenario
-from specdec.sampling import SamplingParams
+from specdec.bench import harness
+from specdec.bench.system import BASELINE, SystemScenario
 
 
 @dataclass
@@ -21,7 +20,7 @@ class RttRow:
     target_only_tokens_per_s: float
     sequential_tokens_per_s: float
     pipelined_tokens_per_s: float
-    sequential_speedup: float  # medians of per-prompt ratios to target-only at this RTT
+    sequential_speedup: float  # harness.SPEEDUP_DEFINITION, target-only at this RTT
     pipelined_speedup: float
 
 
@@ -36,18 +35,15 @@ def sweep(target: str, draft: str, rtts: list[float], messages: list[str], k: in
             return build_service(CoordinatorConfig(target=target, draft=draft, pipeline=pipeline,
                                                    inject_rtt_ms=rtt))
 
-        base, seq, pipe = (SystemScenario(service(False), 0), SystemScenario(service(False), k),
-                           SystemScenario(service(True), k, " pipelined"))
-        tps: dict[str, list[float]] = {"base": [], "seq": [], "pipe": []}
-        for message in messages:
-            for key, scenario in (("base", base), ("seq", seq), ("pipe", pipe)):
-                tps[key].append(scenario.run(message, max_new_tokens, SamplingParams())
-                                .tokens_per_s)
-        ratio = {key: statistics.median(a / b for a, b in zip(tps[key], tps["base"],
-                                                               strict=True))
-                 for key in ("seq", "pipe")}
-        rows.append(RttRow(rtt, statistics.median(tps["base"]), statistics.median(tps["seq"]),
-                           statistics.median(tps["pipe"]), ratio["seq"], ratio["pipe"]))
+        scenarios = [SystemScenario(service(False), 0), SystemScenario(service(False), k),
+                     SystemScenario(service(True), k, " pipelined")]
+        samples = harness.run_side_by_side(scenarios, messages, max_new_tokens,
+                                           desc=f"rtt {rtt:g} ms")
+        seq, pipe = scenarios[1].name, scenarios[2].name
+        rows.append(RttRow(rtt, harness.median_tps(samples, BASELINE),
+                           harness.median_tps(samples, seq), harness.median_tps(samples, pipe),
+                           harness.speedup(samples, seq, BASELINE),
+                           harness.speedup(samples, pipe, BASELINE)))
     return rows
 
 

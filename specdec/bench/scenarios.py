@@ -1,89 +1,28 @@
-"""Benchmark scenarios: one `run(messages)` each, timed the same way.
+"""In-process peers as harness scenarios, each `run(message, max_new_tokens, sampling)`
+timed the same way (specdec's own scenarios are in specdec.bench.system):
 
-* system K=k: the real draft/target services (processes, optionally pinned) and the
-  coordinator's GenerationService in this process (Ray Serve's proxy is left out; its
-  cost per request is measured separately in the README).
 * in-process target: the same target backend called directly, no gRPC, no draft.
 * OpenVINO GenAI: LLMPipeline plain, with draft_model (speculative), and prompt lookup,
-  on the same IRs and threads.
+  on the same IRs.
 * HF transformers: plain torch decoding and assisted generation with the torch pair.
+
+`build(kind, ...)` makes one by name; specdec.bench.peers runs each in a child process
+placed as its set-up says.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 
+from specdec.bench.harness import Sample
 from specdec.sampling import SamplingParams
 
-
-@dataclass
-class Sample:
-    scenario: str
-    prompt: str
-    tokens: int
-    seconds: float
-    ttft: float | None = None
-    token_ids: list[int] = field(default_factory=list)
-    kinds: list[int] = field(default_factory=list)  # system scenarios only
-    rounds: int = 0
-    propose_s: list[float] = field(default_factory=list)
-    verify_s: list[float] = field(default_factory=list)
-    wire_bytes: int = 0
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.tokens / self.seconds if self.seconds else 0.0
+__all__ = ["KINDS", "Sample", "build", "chat_text"]
 
 
 def chat_text(tokenizer, message: str) -> str:
     return tokenizer.apply_chat_template([{"role": "user", "content": message}],
                                          tokenize=False, add_generation_prompt=True)
-
-
-class SystemScenario:
-    """Through the real services; `k` = 0 is target-only on the same target."""
-
-    def __init__(self, service, k: int, label: str = ""):
-        self.service, self.k = service, k
-        self.name = "target-only (system, K=0)" if k == 0 else f"specdec K={k}{label}"
-
-    def _calls(self):
-        loop = self.service.loop
-        routers = [r for r in (loop.draft, loop.target) if r is not None]
-        return [c for r in routers for c in (rep.client for rep in r.replicas())]
-
-    def run(self, message: str, max_new_tokens: int, sampling: SamplingParams) -> Sample:
-        from specdec import wire
-        from specdec.v1 import generate_pb2
-
-        req = generate_pb2.GenerateRequest(max_new_tokens=max_new_tokens,
-                                           num_draft_tokens=self.k,
-                                           sampling=wire.sampling_to_proto(sampling))
-        req.messages.add(role="user", content=message)
-        clients = self._calls()
-        marks = [(len(c.bytes.recent), c.bytes.sent + c.bytes.received) for c in clients]
-        t0 = time.perf_counter()
-        ttft = None
-        ids, kinds, rounds = [], [], 0
-        for chunk in self.service.stream(req):
-            if ttft is None and chunk.token_ids:
-                ttft = time.perf_counter() - t0
-            ids += chunk.token_ids
-            kinds += chunk.kinds
-            if chunk.finish_reason:
-                rounds = chunk.stats.rounds
-        seconds = time.perf_counter() - t0
-        sample = Sample(self.name, message, len(ids), seconds, ttft, ids, kinds, rounds)
-        for client, (n, nbytes) in zip(clients, marks, strict=True):
-            calls = [c.seconds for c in list(client.bytes.recent)[n:]]
-            is_draft = type(client).__name__ == "DraftClient"
-            (sample.propose_s if is_draft else sample.verify_s).extend(calls)
-            sample.wire_bytes += client.bytes.sent + client.bytes.received - nbytes
-        return sample
-
-    def close(self) -> None:
-        pass
 
 
 class InProcessTarget:
@@ -130,7 +69,7 @@ class GenAIScenario:
         cap_cpu_isa_below_amx()  # GenAI's compiles share the process's oneDNN
         draft_cfg = {"INFERENCE_NUM_THREADS": threads} if threads else {}
         cfg = dict(draft_cfg)  # the target computes in what specdec's target does
-        if precision != "auto":
+        if precision not in ("auto", "default"):  # "default": GenAI's out-of-the-box
             cfg["INFERENCE_PRECISION_HINT"] = precision
         self.tokenizer, self.mode, self.k = tokenizer, mode, k
         if mode == "speculative":
@@ -143,6 +82,8 @@ class GenAIScenario:
         else:
             self.pipe = og.LLMPipeline(str(target_ir), "CPU", **cfg)
             self.name = "OpenVINO GenAI plain"
+        if precision == "default":
+            self.name += ", out-of-the-box precision (no INFERENCE_PRECISION_HINT)"
 
     def run(self, message: str, max_new_tokens: int, sampling: SamplingParams) -> Sample:
         import openvino_genai as og
@@ -198,3 +139,49 @@ class HFScenario:
 
     def close(self) -> None:
         pass
+
+
+# kind -> what `build` makes; sampled = run at temperatures > 0 too (the bench's choice)
+KINDS = {
+    "inprocess": "the target backend alone",
+    "genai-plain": "OpenVINO GenAI plain",
+    "genai-speculative": "OpenVINO GenAI speculative",
+    "genai-lookup": "OpenVINO GenAI prompt lookup",
+    "genai-plain-oob": "OpenVINO GenAI plain in its out-of-the-box precision",
+    "hf-plain": "HF transformers plain",
+    "hf-assisted": "HF transformers assisted generation",
+}
+SAMPLED = {"genai-plain", "genai-speculative", "genai-plain-oob"}
+
+
+def build(kind: str, target_ir: str, draft_ir: str, hf: str, k: int, threads: int,
+          precision: str):
+    """One peer by kind; `threads` 0 = the runtime's default, `precision` what the target
+    computes in (OpenVINO peers; torch computes in float32)."""
+    from specdec.runtime.models import load_tokenizer
+
+    tokenizer = load_tokenizer(str(hf))
+    if kind == "inprocess":
+        from specdec.runtime.openvino_backend import OpenVINOBackend
+
+        backend = OpenVINOBackend(target_ir, "CPU", threads=threads,
+                                  inference_precision=precision)
+        return InProcessTarget(backend, tokenizer, [tokenizer.eos_token_id])
+    if kind.startswith("genai-"):
+        mode = kind.split("-")[1]
+        return GenAIScenario(target_ir, draft_ir, mode, k, threads, tokenizer,
+                             "default" if kind.endswith("-oob") else precision)
+    if kind.startswith("hf-"):
+        import torch
+
+        from specdec.runtime.models import load, quantize_int8
+
+        if threads:
+            torch.set_num_threads(threads)
+        target, draft = load(str(hf)).model, None
+        if kind == "hf-assisted":
+            loaded = load(str(hf))
+            quantize_int8(loaded)
+            draft = loaded.model
+        return HFScenario(target, draft, k, tokenizer)
+    raise ValueError(f"unknown peer kind {kind!r}; choose among {', '.join(KINDS)}")

@@ -8,13 +8,19 @@ import pytest
 
 from coordinator.config import CoordinatorConfig
 from coordinator.setup import build_service
+from specdec import launcher
+from specdec.pair import TINY_PAIR, ServiceSpec
 from specdec.v1 import generate_pb2
-from tests.procs import start_service
 
 pytestmark = pytest.mark.slow
 
 PROMPT = [7, 77, 177, 277]
 N = 400
+TARGET, DRAFT = TINY_PAIR.target, TINY_PAIR.draft
+
+
+def start_service(spec: ServiceSpec, port: int = 0) -> launcher.ServiceProcess:
+    return launcher.start(spec.module, spec.args(port), timeout=60.0)
 
 
 def request(k: int) -> generate_pb2.GenerateRequest:
@@ -33,8 +39,8 @@ def stream_with(service, k: int, after_first_chunk) -> tuple[list[int], list]:
 
 
 def test_draft_killed_mid_generation_falls_back_to_target_only():
-    target = start_service("target_service", "--model", "tiny-random")
-    draft = start_service("draft_service", "--model", "tiny-random-draft")
+    target = start_service(TARGET)
+    draft = start_service(DRAFT)
     try:
         service = build_service(CoordinatorConfig(draft=draft.address, target=target.address,
                                                   draft_backoff=0.05, rpc_deadline=5))
@@ -51,8 +57,8 @@ def test_draft_killed_mid_generation_falls_back_to_target_only():
 
 
 def test_target_restarted_mid_generation_repins_to_the_other_replica():
-    targets = [start_service("target_service", "--model", "tiny-random") for _ in range(2)]
-    draft = start_service("draft_service", "--model", "tiny-random-draft")
+    targets = [start_service(TARGET) for _ in range(2)]
+    draft = start_service(DRAFT)
     restarted = []
     try:
         service = build_service(CoordinatorConfig(
@@ -65,8 +71,7 @@ def test_target_restarted_mid_generation_repins_to_the_other_replica():
             victim = next(t for t in targets if t.address == pinned[0].address)
             victim.stop(signal.SIGKILL)
             port = victim.address.rsplit(":", 1)[1]
-            restarted.append(start_service("target_service", "--model", "tiny-random",
-                                           "--port", port))
+            restarted.append(start_service(TARGET, int(port)))
 
         ids, chunks = stream_with(service, 4, restart_pinned_target)
         assert ids == baseline
@@ -88,8 +93,8 @@ def test_coordinator_refuses_a_mismatched_pair(tmp_path):
     from tests.runtime.test_model_folder import save_tiny_folder
 
     save_tiny_folder(tmp_path, 768)  # same vocabulary size, another tokenizer
-    target = start_service("target_service", "--model", str(tmp_path))
-    draft = start_service("draft_service", "--model", "tiny-random-draft")
+    target = start_service(TARGET.with_(model=str(tmp_path)))
+    draft = start_service(DRAFT)
     try:
         run = subprocess.run([sys.executable, "-m", "coordinator", "--draft", draft.address,
                               "--target", target.address, "--port", "0"], cwd=ROOT,

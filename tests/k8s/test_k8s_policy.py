@@ -21,6 +21,8 @@ from k8s_objects import (
     selector_matches,
 )
 
+from specdec.pair import DEFAULT_PAIR
+
 
 def model_pods(rendered, group: str) -> Pods:
     pods = rendered.group(group)
@@ -327,9 +329,18 @@ def test_cpu_overlay_uses_no_gpu(renders):
     for pods in r.pods:
         for c in pods.containers():
             assert gpu_requests(c) == (None, None), pods.where
-    for group, weights in (("draft", "int8"), ("target", "fp32")):
-        f = flags(main_container(model_pods(r, group))["args"])
-        assert (f["--backend"], f["--device"], f["--weights"]) == ("openvino", "CPU", weights)
+    for spec in (DEFAULT_PAIR.draft, DEFAULT_PAIR.target):
+        f = flags(main_container(model_pods(r, spec.role))["args"])
+        assert f["--device"] == "CPU"
+        assert_runs(f, spec)
+
+
+def assert_runs(f: dict, spec) -> None:
+    """The container computes with what the ServiceSpec says (backend, weights, precision,
+    extra flags): specdec.pair.DEFAULT_PAIR is what the manifests deploy."""
+    model_flags = spec.model_flags()
+    for flag, value in zip(model_flags[::2], model_flags[1::2], strict=True):
+        assert f.get(flag) == value, f"{spec.role}: {flag}={f.get(flag)}, the pair says {value}"
 
 
 @pytest.mark.parametrize("name", ["gpu", "gpu+model-pvc"])
@@ -346,7 +357,8 @@ def test_gpu_overlay_puts_only_the_target_on_gpus(renders, name):
     assert image_tag(c["image"]).endswith("-cu128"), "the CUDA build of the target image"
     draft = model_pods(r, "draft")
     f = flags(main_container(draft)["args"])
-    assert (f["--backend"], f["--device"]) == ("openvino", "CPU")
+    assert f["--device"] == "CPU"
+    assert_runs(f, DEFAULT_PAIR.draft)
     for pods in r.pods:
         if pods.group == "target":
             continue

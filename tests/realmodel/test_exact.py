@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
+from contextlib import ExitStack
+
 import pytest
 
 from coordinator.config import CoordinatorConfig
 from coordinator.setup import build_service
-from draft_service.__main__ import create as create_draft
-from draft_service.config import DraftConfig
+from specdec import pair as pairs
 from specdec.v1 import generate_pb2
-from target_service.__main__ import create as create_target
-from target_service.config import TargetConfig
 
 pytestmark = [pytest.mark.realmodel, pytest.mark.slow]
 
@@ -20,30 +19,24 @@ PROMPTS = ["What is the capital of France? Answer in one sentence.",
 
 PAIRS = {
     # torch fp32 target, torch int8 draft
-    "torch": ({}, {"quantize": "int8"}),
+    "torch": next(p for p in pairs.CANDIDATES if p.name == "torch-fp32 target + torch-int8 draft"),
     # the default pair: OpenVINO fp32 target, OpenVINO int8 draft
-    "openvino": ({"backend": "openvino", "weights": "fp32"},
-                 {"backend": "openvino", "weights": "int8"}),
+    "openvino": pairs.DEFAULT_PAIR,
 }
 
 
 @pytest.fixture(scope="module", params=list(PAIRS))
 def service(prepared, request):
-    target_kw, draft_kw = PAIRS[request.param]
     if request.param == "openvino":
         from specdec.runtime.openvino_export import export
 
         for weights in ("fp32", "int8"):
             export(prepared, weights)  # cached after the first run (~35 s)
-    target, tport, _ = create_target(TargetConfig(model="smollm2-135m", port=0, **target_kw))
-    draft, dport, _ = create_draft(DraftConfig(model="smollm2-135m", port=0, **draft_kw))
-    target.start()
-    draft.start()
-    yield build_service(CoordinatorConfig(draft=f"127.0.0.1:{dport}",
-                                          target=f"127.0.0.1:{tport}",
-                                          pipeline=request.param == "openvino"))
-    draft.stop(0)
-    target.stop(0)
+    with ExitStack() as stack:
+        running = pairs.start(PAIRS[request.param], stack)
+        yield build_service(CoordinatorConfig(draft=running.draft.address,
+                                              target=running.target.address,
+                                              pipeline=request.param == "openvino"))
 
 
 @pytest.mark.parametrize("prompt", PROMPTS)

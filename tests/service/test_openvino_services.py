@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import os
+from contextlib import ExitStack
 
 import grpc
 import pytest
 
 from coordinator.clients import DraftClient, TargetClient
 from coordinator.loop import SpeculativeLoop
-from draft_service.__main__ import create as create_draft
-from draft_service.config import DraftConfig
+from specdec import pair as pairs
 from specdec.sampling import SamplingParams
-from target_service.__main__ import create as create_target
-from target_service.config import TargetConfig
 
 PROMPTS = [[1, 2, 3, 4, 5], [700, 12, 99]]
 
@@ -31,19 +29,13 @@ def ov_home(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def ov_servers(ov_home):
-    servers = {}
-    for name, create, cfg in [
-        ("ov_target", create_target, TargetConfig(model="tiny-random", backend="openvino",
-                                                  port=0, threads=1)),
-        ("ov_draft", create_draft, DraftConfig(model="tiny-random-draft", backend="openvino",
-                                               weights="int8", port=0, threads=1)),
-    ]:
-        server, port, engine = create(cfg)
-        server.start()
-        servers[name] = (server, f"127.0.0.1:{port}", engine)
-    yield servers
-    for server, _, _ in servers.values():
-        server.stop(0)
+    """The default pair's services (OpenVINO target, int8 OpenVINO draft) on the tiny
+    models, as processes."""
+    pair = pairs.DEFAULT_PAIR.with_models("tiny-random", "tiny-random-draft")
+    with ExitStack() as stack:
+        running = pairs.start(pair, stack, pin=False, timeout=120)
+        yield {"ov_target": (running.target, running.target.address, None),
+               "ov_draft": (running.draft, running.draft.address, None)}
 
 
 def loop_over(draft_address, target_address):

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from specdec.bench import report
-from specdec.bench.scenarios import Sample
+from specdec.bench import harness, report
+from specdec.bench.harness import Sample
 from specdec.verify import TokenKind
 
 A, R, B, T = TokenKind.ACCEPTED, TokenKind.RECOVERED, TokenKind.BONUS, TokenKind.TARGET
@@ -68,3 +68,32 @@ def test_outputs(tmp_path):
     assert {f.name for f in files} == {"speedup_vs_k.png", "acceptance_by_position.png",
                                        "tokens_per_s.png"}
     assert all(f.stat().st_size > 1000 for f in files)
+
+
+class Fake:
+    def __init__(self, name, tps, fail_after=None, may_fail=False):
+        self.name, self.tps, self.calls = name, tps, 0
+        self.fail_after, self.may_fail = fail_after, may_fail
+
+    def run(self, prompt, max_new_tokens, sampling):
+        self.calls += 1
+        if self.fail_after is not None and self.calls > self.fail_after:
+            raise RuntimeError("peer broke")
+        return Sample(self.name, prompt, max_new_tokens, max_new_tokens / self.tps,
+                      token_ids=[sampling.seed])
+
+
+def test_harness_interleaves_tags_and_skips_a_failing_peer():
+    base, spec = Fake(report.BASELINE, 10), Fake("specdec K=4", 15)
+    peer = Fake("peer", 5, fail_after=1, may_fail=True)
+    failed = {}
+    samples = harness.run_side_by_side([base, spec, peer], ["a", "b"], 8, repeats=2,
+                                       failed=failed, say=lambda m: None)
+    assert [x.scenario for x in samples[:3]] == [report.BASELINE, "specdec K=4", "peer"]
+    assert {(x.prompt, x.repeat) for x in samples if x.scenario == "specdec K=4"} == \
+        {("a", 0), ("b", 0), ("a", 1), ("b", 1)}
+    assert [x.token_ids for x in samples if x.scenario == report.BASELINE] == [[0], [0], [1], [1]]
+    assert peer.calls == 2 and list(failed) == ["peer @ temperature 0.0"]
+    assert harness.speedup(samples, "specdec K=4", report.BASELINE) == pytest.approx(1.5)
+    with pytest.raises(RuntimeError):  # specdec's own failures are not skipped
+        harness.run_side_by_side([Fake("x", 1, fail_after=0)], ["a"], 4)

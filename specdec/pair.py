@@ -1,0 +1,143 @@
+"""The draft/target pair and the one place that turns it into service command lines.
+
+A `ServiceSpec` says how one model service runs (model, backend, weights, threads,
+inference precision, extra flags); `.args(port, cpus)` is its command line. A `Pair` is a
+target spec and a draft spec; `DEFAULT_PAIR` is what `specdec up`, `specdec demo`, the
+bench, the tests and the k8s manifests run; `CANDIDATES` are the pairs `specdec
+bench-pairs` compares, built from it. `placement()` is the one CPU placement rule and
+`start()` starts a pair as processes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from contextlib import ExitStack
+from dataclasses import dataclass, replace
+
+from specdec import launcher
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ServiceSpec:
+    role: str  # "target" or "draft"
+    model: str = "smollm2-135m"
+    backend: str | None = "openvino"  # None = the service's default (no flag)
+    weights: str | None = "fp32"  # OpenVINO IR weights; None = no flag
+    threads: int = 1  # 0 = the runtime's default (no flag)
+    precision: str | None = None  # --inference-precision; None = the service's default
+    extra: tuple[str, ...] = ()  # further flags, appended as given
+
+    @property
+    def module(self) -> str:
+        return f"{self.role}_service"
+
+    def model_flags(self) -> list[str]:
+        """What the service computes with: backend, weights, precision and the extras."""
+        out = []
+        if self.backend:
+            out += ["--backend", self.backend]
+        if self.weights:
+            out += ["--weights", self.weights]
+        if self.precision:
+            out += ["--inference-precision", self.precision]
+        return out + list(self.extra)
+
+    def args(self, port: int = 0, cpus: str | int | None = None) -> list[str]:
+        """The service's command line (after `python -m <module>`)."""
+        out = ["--model", self.model, "--port", str(port)]
+        if self.threads:
+            out += ["--threads", str(self.threads)]
+        if cpus is not None and cpus != "":
+            out += ["--cpus", str(cpus)]
+        return out + self.model_flags()
+
+    def with_(self, **changes) -> ServiceSpec:
+        return replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class Pair:
+    name: str
+    target: ServiceSpec
+    draft: ServiceSpec
+
+    def with_models(self, target: str | None = None, draft: str | None = None) -> Pair:
+        return replace(self, target=self.target.with_(model=target or self.target.model),
+                       draft=self.draft.with_(model=draft or self.draft.model))
+
+    def with_threads(self, threads: int) -> Pair:
+        return replace(self, target=self.target.with_(threads=threads),
+                       draft=self.draft.with_(threads=threads))
+
+
+# The default pair, chosen by `specdec bench-pairs` (figures in the README): OpenVINO fp32
+# target and OpenVINO int8 draft, one thread each.
+DEFAULT_PAIR = Pair("ov-fp32 target + ov-int8 draft",
+                    ServiceSpec("target", backend="openvino", weights="fp32"),
+                    ServiceSpec("draft", backend="openvino", weights="int8"))
+
+_TORCH_TARGET = DEFAULT_PAIR.target.with_(backend="torch", weights=None)
+CANDIDATES = [
+    DEFAULT_PAIR,
+    Pair("ov-fp32 target + ov-int4 draft", DEFAULT_PAIR.target,
+         DEFAULT_PAIR.draft.with_(weights="int4")),
+    Pair("torch-fp32 target + ov-int8 draft", _TORCH_TARGET, DEFAULT_PAIR.draft),
+    Pair("torch-fp32 target + torch-int8 draft", _TORCH_TARGET,
+         DEFAULT_PAIR.draft.with_(backend="torch", weights=None, extra=("--quantize", "int8"))),
+]
+
+# The tiny models (built in-process from fixed seeds) on torch, for tests.
+TINY_PAIR = Pair("tiny torch pair",
+                 ServiceSpec("target", "tiny-random", backend=None, weights=None, threads=0),
+                 ServiceSpec("draft", "tiny-random-draft", backend=None, weights=None,
+                             threads=0))
+
+
+def placement(pin: bool = True) -> dict[str, int | None]:
+    """The one CPU placement rule: the draft on the first CPU of this process's affinity,
+    the target on the second, only when there are at least two (and `pin`); otherwise
+    both unpinned (None). {"draft": cpu, "target": cpu}."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if not pin or len(cpus) < 2:
+        return {"draft": None, "target": None}
+    return {"draft": cpus[0], "target": cpus[1]}
+
+
+@dataclass
+class RunningPair:
+    target: launcher.ServiceProcess
+    draft: launcher.ServiceProcess | None
+    cpus: dict[str, int | None]
+
+    @property
+    def pinned(self) -> bool:
+        return self.cpus["target"] is not None
+
+    def processes(self) -> dict[str, launcher.ServiceProcess]:
+        return {"target": self.target, **({"draft": self.draft} if self.draft else {})}
+
+
+def start(pair: Pair, stack: ExitStack, *, pin: bool = True, target_port: int = 0,
+          draft_port: int = 0, with_draft: bool = True, echo: bool = False,
+          timeout: float = 300.0) -> RunningPair:
+    """Start the pair's target (then draft) as processes placed by `placement(pin)`; each
+    is stopped (SIGTERM) when `stack` closes."""
+    cpus = placement(pin)
+    if cpus["target"] is not None:
+        log.info("pinning the draft to CPU %d and the target to CPU %d", cpus["draft"],
+                 cpus["target"])
+
+    def run(spec: ServiceSpec, port: int) -> launcher.ServiceProcess:
+        log.info("starting %s ...", spec.role)
+        proc = launcher.start(spec.module, spec.args(port, cpus[spec.role]), timeout=timeout,
+                              echo=echo, name=spec.role)
+        stack.callback(proc.stop)
+        log.info("%s ready at %s", spec.role, proc.address)
+        return proc
+
+    target = run(pair.target, target_port)
+    draft = run(pair.draft, draft_port) if with_draft else None
+    return RunningPair(target, draft, cpus)
