@@ -53,7 +53,7 @@ def test_greedy_k4_equals_target_only(service, prompt):
     assert spec.text == base.text and spec.text.strip()
     assert spec.stats.accepted_tokens > 0
     # The OpenVINO pair runs with pipelined drafting (the default of `specdec up`).
-    if service.loop.pipeline and len(spec.token_ids) >= 12:
+    if service.loop.policy.pipeline and len(spec.token_ids) >= 12:
         assert spec.stats.pipelined_rounds > 0
-    if not service.loop.pipeline:
+    if not service.loop.policy.pipeline:
         assert spec.stats.pipelined_rounds == spec.stats.predrafts_wasted == 0

@@ -10,6 +10,7 @@ import pytest
 
 from coordinator.clients import DraftClient, TargetClient
 from coordinator.loop import SpeculativeLoop
+from coordinator.policy import LoopPolicy
 from specdec import pair as pairs
 from specdec.sampling import SamplingParams
 
@@ -40,7 +41,8 @@ def ov_servers(ov_home):
 
 def loop_over(draft_address, target_address):
     draft = DraftClient(grpc.insecure_channel(draft_address)) if draft_address else None
-    return SpeculativeLoop(draft, TargetClient(grpc.insecure_channel(target_address)))
+    return SpeculativeLoop(draft, TargetClient(grpc.insecure_channel(target_address)),
+                           LoopPolicy(pipeline=False))
 
 
 @pytest.mark.parametrize("prompt", PROMPTS)
