@@ -73,13 +73,6 @@ def run(args: argparse.Namespace) -> int:
         for variant in _list(args.loops):
             label, options = LOOPS[variant]
             scenarios.append(SystemScenario(service(**options), k_pipe, label))
-        say(f"== starting peers {sorted(peers)} in set-ups {args.peer_setups}")
-        peer_list = peer_setups.start_all(
-            peers, _list(args.peer_setups), running.cpus["target"],
-            dict(target_ir=str(target_ir), draft_ir=str(draft_ir), hf=str(hf), k=k_pipe,
-                 precision=args.precision), say)
-        for peer in peer_list:
-            stack.callback(peer.close)
         say(f"speedup: {harness.SPEEDUP_DEFINITION}")
 
         def include(scenario, temperature: float) -> bool:
@@ -90,9 +83,28 @@ def run(args: argparse.Namespace) -> int:
                 return scenario.k in (0, k_pipe)
             return getattr(scenario, "sampled", False)
 
-        samples = harness.run_side_by_side(
-            scenarios + peer_list, messages, args.max_new_tokens, args.repeats, temps,
-            include=include, failed=failed, desc="bench", say=say)
+        # One pass per peer set-up, each with its peers alone in memory (every peer is a
+        # process holding its own model). Later passes rerun only target-only and specdec
+        # as deployed beside their peers, so every peer has a baseline of its own pass.
+        deployed = [sc for sc in scenarios
+                    if sc.k == 0 or sc.name == f"specdec K={k_pipe}{LOOPS['pipelined'][0]}"]
+        samples = []
+        for i, setup in enumerate(_list(args.peer_setups) or [None]):
+            peer_list = [] if setup is None else peer_setups.start_all(
+                peers, [setup], running.cpus["target"],
+                dict(target_ir=str(target_ir), draft_ir=str(draft_ir), hf=str(hf), k=k_pipe,
+                     precision=args.precision), say)
+            try:
+                passed = harness.run_side_by_side(
+                    (scenarios if i == 0 else deployed) + peer_list, messages,
+                    args.max_new_tokens, args.repeats, temps, include=include, failed=failed,
+                    desc=f"bench ({setup or 'no peers'})", say=say)
+            finally:
+                for peer in peer_list:
+                    peer.close()
+            for sample in passed:
+                sample.repeat += i * args.repeats  # pairs stay within their pass
+            samples += passed
         rtt_rows = []
         if args.rtt:
             from specdec.bench import rtt as rtt_sweep
