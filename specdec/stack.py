@@ -6,6 +6,7 @@ import logging
 from contextlib import ExitStack
 from dataclasses import dataclass
 
+from coordinator.policy import DEFAULT_POLICY
 from specdec import launcher
 from specdec import pair as pairs
 
@@ -15,12 +16,12 @@ log = logging.getLogger(__name__)
 @dataclass
 class StackConfig:
     pair: pairs.Pair = pairs.DEFAULT_PAIR  # model, backend, weights, threads of each service
-    k: int = 4
+    k: int = DEFAULT_POLICY.k  # the coordinator's defaults (coordinator.policy)
     draft_port: int = 50051
     target_port: int = 50052
     port: int = 50050
     pin: bool = True  # specdec.pair.placement(): draft on the first CPU, target on the second
-    pipeline: bool = True  # pipelined drafting in the coordinator
+    pipeline: bool = DEFAULT_POLICY.pipeline
     no_draft: bool = False
 
 
