@@ -47,10 +47,9 @@ class CoordinatorConfig:
         return asdict(self)
 
     def policy(self) -> LoopPolicy:
-        return LoopPolicy(k=self.k, pipeline=self.pipeline, adaptive_k=self.adaptive_k,
-                          confidence_exit=self.confidence_exit,
-                          exit_threshold=self.exit_threshold,
-                          exit_target_acceptance=self.exit_target_acceptance, top_n=self.top_n)
+        """The loop policy these fields set (same names; the rest keep their defaults)."""
+        return LoopPolicy(**{f.name: getattr(self, f.name) for f in fields(LoopPolicy)
+                             if f.name in _FIELDS})
 
 
 def parser() -> argparse.ArgumentParser:
@@ -148,3 +147,6 @@ def from_args(argv: list[str] | None = None) -> CoordinatorConfig:
     if not 0.0 < ns.exit_target_acceptance < 1.0:
         p.error(f"--exit-target-acceptance must be in (0, 1), got {ns.exit_target_acceptance}")
     return CoordinatorConfig(**{f.name: getattr(ns, f.name) for f in fields(CoordinatorConfig)})
+
+
+_FIELDS = {f.name for f in fields(CoordinatorConfig)}
