@@ -1,0 +1,327 @@
+"""What `specdec load` records and reports: the job of one measurement window (Load),
+its records (LoadSample per request, Window), and the figures made from them: rows per
+(scenario, concurrency), JSON, Markdown and PNG plots (the style of specdec.bench.report).
+The driver is specdec.bench.load; the GenAI peer, specdec.bench.load_peers.
+
+The load figures are not section 12's per-request speedup (docs/design.md): under load
+the question is how many tokens the whole system delivers per second, and at what
+latency, so the ratio here is of aggregate throughputs at the same concurrency.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from specdec.bench.harness import Sample
+from specdec.bench.report import _fmt, _save, write_json
+from specdec.sampling import SamplingParams
+
+__all__ = ["DEFINITIONS", "Load", "LoadRow", "LoadSample", "Window", "failures", "load_json",
+           "markdown", "percentile", "plots", "summarise", "write", "write_json"]
+
+
+@dataclass
+class LoadSample(Sample):
+    """One request under load: harness.Sample (tokens, seconds = request latency, ttft,
+    token ids, kinds, rounds, drafted, accepted) plus where and when it ran."""
+
+    concurrency: int = 0
+    stream: int = 0
+    index: int = 0  # the stream's i-th request
+    started: float = 0.0  # seconds from the window's start to the request being sent
+    chunk_times: list[float] = field(default_factory=list)  # since sent, token chunks only
+    chunk_tokens: list[int] = field(default_factory=list)  # tokens in each of those chunks
+    k_per_round: list[int] = field(default_factory=list)  # from the final GenerationStats
+    error: str | None = None  # the gRPC status code's name (or a peer's failure status)
+
+
+@dataclass
+class Window:
+    """One scenario at one concurrency: its streams started together (or a warm-up or
+    reference run, see specdec.bench.load.run_levels)."""
+
+    scenario: str
+    baseline: str | None  # the scenario its throughput ratio and exactness compare with
+    concurrency: int
+    seconds: float  # from the streams' common start to the last answer
+    samples: list[LoadSample]
+    phase: str = "measure"  # or "reference": each prompt alone, for the exactness check
+
+
+@dataclass(frozen=True)
+class Load:
+    """What every stream of one window sends (picklable: peers get it in a child)."""
+
+    concurrency: int
+    max_new_tokens: int
+    messages: tuple[str, ...]
+    requests_per_stream: int = 1  # used when duration_s is None
+    duration_s: float | None = None  # streams start requests until this much has passed
+    temperature: float = 0.0
+    timeout: float = 600.0  # per request
+
+    def message(self, stream: int, i: int) -> str:
+        return self.messages[(stream + i) % len(self.messages)]
+
+    def sampling(self, stream: int, i: int) -> SamplingParams:
+        return SamplingParams(temperature=self.temperature, seed=1000 * stream + i)
+
+    def more(self, i: int, elapsed: float) -> bool:
+        """Whether a stream that has sent `i` requests sends another."""
+        if self.duration_s is None:
+            return i < self.requests_per_stream
+        return i == 0 or elapsed < self.duration_s
+
+    def window_timeout(self) -> float:
+        """The longest a window can take, plus a minute."""
+        if self.duration_s is not None:
+            return self.duration_s + self.timeout + 60.0
+        return self.requests_per_stream * self.timeout + 60.0
+
+
+DEFINITIONS = {
+    "aggregate": "aggregate tok/s = every token the clients received in a (scenario, N) "
+                 "window divided by its wall time, from the streams' common start to the "
+                 "last answer (repeats pooled).",
+    "throughput_ratio": "throughput ratio = a loop's aggregate tok/s divided by its "
+                        "baseline's at the same concurrency in the same run (specdec: "
+                        "target-only, K=0, through the same system; a GenAI peer: the "
+                        "same pipeline without its draft); not the per-request speedup "
+                        "of docs/design.md section 12.",
+    "stream": "per-stream tok/s = a stream's tokens over the time from its first request "
+              "sent to its last answer; the median over streams.",
+    "itl": "inter-token latency (ITL) = the gap between consecutive token-carrying "
+           "chunks of a request divided by the tokens in the later chunk, counted once "
+           "per token (a speculative round streams several tokens in one chunk); TTFT = "
+           "request sent to its first token-carrying chunk.",
+}
+
+
+@dataclass
+class LoadRow:
+    scenario: str
+    concurrency: int
+    baseline: str | None
+    requests: int
+    tokens: int
+    seconds: float  # the windows' wall time
+    aggregate_tps: float
+    throughput_ratio: float | None  # DEFINITIONS["throughput_ratio"]
+    stream_tps_median: float | None
+    ttft_p50_ms: float | None
+    ttft_p95_ms: float | None
+    itl_p50_ms: float | None
+    itl_p95_ms: float | None
+    latency_p50_ms: float | None  # whole request, sent to last chunk
+    errors: dict[str, int] = field(default_factory=dict)  # status code name -> count
+    rounds: int = 0  # from the final chunks' GenerationStats
+    mean_k: float | None = None  # mean K per round
+    acceptance: float | None = None  # accepted / drafted tokens
+    tokens_per_round: float | None = None
+    compared: int = 0  # greedy outputs checked against the same prompt alone
+    mismatches: int | None = None  # of those, how many differ (None: not checked)
+
+
+def percentile(xs, q: float) -> float | None:
+    """The q-th percentile (0-100), linear between the closest ranks (numpy's default);
+    None for no values."""
+    xs = sorted(xs)
+    if not xs:
+        return None
+    rank = (len(xs) - 1) * q / 100
+    lo = int(rank)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (rank - lo)
+
+
+def inter_token_latencies(s: LoadSample) -> list[float]:
+    """DEFINITIONS["itl"]: seconds per token between a request's token chunks."""
+    out = []
+    for prev, cur, n in zip(s.chunk_times, s.chunk_times[1:], s.chunk_tokens[1:],
+                            strict=False):
+        out += [(cur - prev) / n] * n
+    return out
+
+
+def stream_rates(w: Window) -> list[float]:
+    """DEFINITIONS["stream"], one value per stream of the window."""
+    by_stream: dict[int, list[LoadSample]] = defaultdict(list)
+    for s in w.samples:
+        by_stream[s.stream].append(s)
+    out = []
+    for group in by_stream.values():
+        span = max(s.started + s.seconds for s in group) - min(s.started for s in group)
+        if span > 0:
+            out.append(sum(s.tokens for s in group) / span)
+    return out
+
+
+def _ms(x: float | None) -> float | None:
+    return None if x is None else 1000 * x
+
+
+def _references(windows: list[Window]) -> dict[tuple[str, str], list[int]]:
+    refs: dict[tuple[str, str], list[int]] = {}
+    for w in windows:
+        if w.phase == "reference":
+            for s in w.samples:
+                if s.error is None:
+                    refs.setdefault((w.scenario, s.prompt), list(s.token_ids))
+    return refs
+
+
+def summarise(windows: list[Window], greedy: bool = True) -> list[LoadRow]:
+    """One row per (scenario, concurrency) of the measurement windows, in run order.
+    Greedy: every output is compared with the same prompt generated alone (the
+    reference windows) by the row's baseline, or by the scenario itself without one."""
+    groups: dict[tuple[str, int], list[Window]] = defaultdict(list)
+    for w in windows:
+        if w.phase == "measure":
+            groups[(w.scenario, w.concurrency)].append(w)
+    refs = _references(windows)
+    rows = [_row(ws, refs if greedy else None) for ws in groups.values()]
+    aggregate = {(r.scenario, r.concurrency): r.aggregate_tps for r in rows}
+    for r in rows:
+        base = aggregate.get((r.baseline, r.concurrency)) if r.baseline else None
+        r.throughput_ratio = r.aggregate_tps / base if base else None
+    return rows
+
+
+def _row(ws: list[Window], refs: dict | None) -> LoadRow:
+    w0 = ws[0]
+    samples = [s for w in ws for s in w.samples]
+    ok = [s for s in samples if s.error is None]
+    tokens, seconds = sum(s.tokens for s in samples), sum(w.seconds for w in ws)
+    ttft = [s.ttft for s in ok if s.ttft is not None]
+    itl = [x for s in ok for x in inter_token_latencies(s)]
+    rates = [x for w in ws for x in stream_rates(w)]
+    row = LoadRow(w0.scenario, w0.concurrency, w0.baseline, len(samples), tokens, seconds,
+                  tokens / seconds if seconds else 0.0, None,
+                  statistics.median(rates) if rates else None,
+                  _ms(percentile(ttft, 50)), _ms(percentile(ttft, 95)),
+                  _ms(percentile(itl, 50)), _ms(percentile(itl, 95)),
+                  _ms(percentile([s.seconds for s in ok], 50)),
+                  dict(Counter(s.error for s in samples if s.error is not None)))
+    row.rounds = sum(s.rounds for s in ok)
+    ks = [k for s in ok for k in s.k_per_round]
+    drafted = sum(s.drafted for s in ok)
+    if row.rounds:
+        row.mean_k = statistics.mean(ks) if ks else drafted / row.rounds
+        row.tokens_per_round = sum(s.tokens for s in ok) / row.rounds
+    row.acceptance = sum(s.accepted for s in ok) / drafted if drafted else None
+    if refs is not None:
+        ref = w0.baseline or w0.scenario
+        checked = [s for s in ok if (ref, s.prompt) in refs]
+        row.compared = len(checked)
+        row.mismatches = sum(s.token_ids != refs[(ref, s.prompt)] for s in checked)
+    return row
+
+
+def table(rows: list[LoadRow]) -> list[str]:
+    """The Markdown table, by concurrency then scenario in run order."""
+    out = ["| N | scenario | requests | aggregate tok/s | throughput ratio | per-stream tok/s "
+           "| TTFT p50 / p95 ms | ITL p50 / p95 ms | latency p50 ms | mean K | acceptance "
+           "| errors | exact |", "|" + "---|" * 13]
+    order = {name: i for i, name in enumerate(dict.fromkeys(r.scenario for r in rows))}
+    for r in sorted(rows, key=lambda r: (r.concurrency, order[r.scenario])):
+        errors = ", ".join(f"{k} {v}" for k, v in sorted(r.errors.items())) or "0"
+        exact = "-" if r.mismatches is None or not r.compared else (
+            f"yes ({r.compared})" if not r.mismatches else f"NO ({r.mismatches}/{r.compared})")
+        out.append(
+            f"| {r.concurrency} | {r.scenario} | {r.requests} | {r.aggregate_tps:.1f} | "
+            f"{_fmt(r.throughput_ratio, '.2f', 'x')} | {_fmt(r.stream_tps_median, '.1f')} | "
+            f"{_fmt(r.ttft_p50_ms, '.0f')} / {_fmt(r.ttft_p95_ms, '.0f')} | "
+            f"{_fmt(r.itl_p50_ms, '.1f')} / {_fmt(r.itl_p95_ms, '.1f')} | "
+            f"{_fmt(r.latency_p50_ms, '.0f')} | {_fmt(r.mean_k)} | {_fmt(r.acceptance)} | "
+            f"{errors} | {exact} |")
+    return out
+
+
+def markdown(rows: list[LoadRow], meta: dict) -> str:
+    how_long = (f"{meta['duration_s']} s per window" if meta.get("duration_s")
+                else f"{meta.get('requests_per_stream')} requests per stream")
+    out = [f"Machine: {meta.get('machine', '?')}. Coordinator: {meta.get('coordinator', '?')}. "
+           f"{meta.get('prompts')} prompts, {meta.get('max_new_tokens')} new tokens, "
+           f"temperature {meta.get('temperature')}, {how_long}, {meta.get('repeats')} "
+           "window(s) per (scenario, N), interleaved.", ""]
+    out += [f"- {d}" for d in DEFINITIONS.values()]
+    out += [""] + table(rows) + [""]
+    out += [f"Peers: {meta['peer_config']}."] if meta.get("peer_config") else []
+    out += [f"Peer set-up {k}: {v}" for k, v in (meta.get("peer_setups") or {}).items()]
+    out += [f"Failed and skipped: {k}: {v}" for k, v in (meta.get("failed") or {}).items()]
+    return "\n".join(out) + "\n"
+
+
+def load_json(path: Path) -> tuple[list[LoadRow], dict]:
+    """(rows, meta) of a load.json."""
+    data = json.loads(Path(path).read_text())
+    return [LoadRow(**r) for r in data["rows"]], data["meta"]
+
+
+def plots(rows: list[LoadRow], out_dir: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    by_scenario: dict[str, list[LoadRow]] = defaultdict(list)
+    for r in sorted(rows, key=lambda r: r.concurrency):
+        by_scenario[r.scenario].append(r)
+    files = []
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name, rs in by_scenario.items():
+        ax.plot([r.concurrency for r in rs], [r.aggregate_tps for r in rs], "o-", label=name)
+    _label(ax, "aggregate tokens/s", "throughput vs concurrency")
+    files.append(_save(fig, out_dir / "throughput_vs_concurrency.png"))
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name, rs in by_scenario.items():
+        rs = [r for r in rs if r.itl_p50_ms is not None]
+        ax.plot([r.aggregate_tps for r in rs], [r.itl_p50_ms for r in rs], "o-", label=name)
+        for r in rs:
+            ax.annotate(f"N={r.concurrency}", (r.aggregate_tps, r.itl_p50_ms), fontsize=6)
+    _label(ax, "inter-token latency p50 (ms)", "latency vs throughput", "aggregate tokens/s")
+    files.append(_save(fig, out_dir / "itl_vs_throughput.png"))
+    ratios = {n: [r for r in rs if r.throughput_ratio is not None]
+              for n, rs in by_scenario.items()}
+    if any(ratios.values()):
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for name, rs in ratios.items():
+            if rs:
+                ax.plot([r.concurrency for r in rs], [r.throughput_ratio for r in rs], "o-",
+                        label=name)
+        ax.axhline(1.0, color="grey", lw=0.8)
+        _label(ax, "throughput ratio over its baseline", "throughput ratio vs concurrency")
+        files.append(_save(fig, out_dir / "throughput_ratio_vs_concurrency.png"))
+    return files
+
+
+def _label(ax, ylabel: str, title: str, xlabel: str | None = None) -> None:
+    """Axes labels and legend; without `xlabel`, x is the concurrency on a log2 scale."""
+    if xlabel is None:
+        ax.set_xscale("log", base=2)
+    ax.set_xlabel(xlabel or "concurrent streams N")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(fontsize=7)
+
+
+def failures(rows: list[LoadRow]) -> list[str]:
+    """What makes `specdec load` exit 1: failed requests, and greedy outputs that differ
+    from the same prompt generated alone."""
+    out = [f"{r.scenario} N={r.concurrency}: {sum(r.errors.values())} failed requests "
+           f"{r.errors}" for r in rows if r.errors]
+    return out + [f"{r.scenario} N={r.concurrency}: {r.mismatches} of {r.compared} greedy "
+                  "outputs differ from the same prompt's alone" for r in rows if r.mismatches]
+
+
+def write(rows: list[LoadRow], meta: dict, out_dir: Path) -> tuple[str, list[Path]]:
+    """load.md, load.json and the plots into out_dir; (the Markdown, the files)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    md = markdown(rows, meta)
+    (out_dir / "load.md").write_text(md)
+    write_json(out_dir / "load.json", rows, meta)
+    return md, [out_dir / "load.md", out_dir / "load.json", *plots(rows, out_dir)]
