@@ -26,9 +26,11 @@ def main(conn, cpus, kind: str, options: dict) -> None:
     if cpus is not None:
         os.sched_setaffinity(0, cpus)  # before any runtime starts a thread
     try:
-        from specdec.bench import scenarios
+        from specdec.bench import load_peers, scenarios
 
-        peer = scenarios.build(kind, **options)
+        # the peers of `specdec load` run windows of concurrent requests (load_peers)
+        build = load_peers.build if kind in load_peers.KINDS else scenarios.build
+        peer = build(kind, **options)
         if cpus is not None and not threads_confined_to(set(cpus)):
             raise RuntimeError(f"a thread of the peer escaped CPUs {sorted(cpus)}: "
                                + ", ".join(f"{t} {sorted(os.sched_getaffinity(int(t)))}"
