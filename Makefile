@@ -18,7 +18,7 @@ TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 TORCH_CUDA  ?= $(if $(filter cu%,$(notdir $(patsubst %/,%,$(TORCH_INDEX)))),1,)
 TORCH_PROBE_S ?= 5
 
-.PHONY: setup protos prepare demo bench bench-quick test test-fast test-unit test-service lint clean cuda-check
+.PHONY: setup protos prepare demo bench bench-quick bench-load test test-fast test-unit test-service lint clean cuda-check
 
 setup: $(STAMP) $(GEN)
 
@@ -78,6 +78,11 @@ bench: prepare
 # CI smoke of the same (under 3 minutes).
 bench-quick: prepare
 	$(BIN)/specdec bench --quick --out bench-results
+
+# Throughput and latency under 1..32 concurrent streams (target-only and the default
+# speculative loop, beside GenAI's continuous batching); results in bench-results/load/.
+bench-load: prepare
+	$(BIN)/specdec load --out bench-results/load
 
 # The whole suite, real-model tests included (CI runs this).
 test: prepare
