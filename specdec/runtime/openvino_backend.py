@@ -111,7 +111,7 @@ class OpenVINOBackend:
             config["INFERENCE_NUM_THREADS"] = threads
         if performance_hint:
             config["PERFORMANCE_HINT"] = performance_hint
-        self.compiled = core.compile_model(str(ir_dir / IR_FILE), device, config)
+        self.compiled = self._compile(core, ir_dir / IR_FILE, device, config)
         try:  # what the plugin resolved "auto" to, for logs and bench reports
             self.inference_precision = \
                 self.compiled.get_property("INFERENCE_PRECISION_HINT").to_string()
@@ -127,6 +127,9 @@ class OpenVINOBackend:
         self._inputs = {i.get_any_name() for i in self.compiled.inputs}
         self._seq_axis: int | None = None
         self._lock = threading.Lock()
+
+    def _compile(self, core, xml: Path, device: str, config: dict):
+        return core.compile_model(str(xml), device, config)
 
     def new_cache(self) -> OVCache:
         with self._lock:  # create_infer_request is cheap but not documented thread-safe
@@ -194,3 +197,8 @@ class OpenVINOBackend:
         cache.length = past + n
         logits = cache.request.get_tensor("logits").data[0, -keep_last:]
         return torch.from_numpy(np.array(logits, dtype=np.float32))
+
+    def forward_batch(self, items: list[tuple[OVCache, list[int], int]]) -> list[torch.Tensor]:
+        """One infer request per session: a batch runs as consecutive passes (the
+        stateful layout cannot share a pass; the paged layout does)."""
+        return [self.forward(*item) for item in items]

@@ -1,0 +1,215 @@
+"""The continuous scheduler of a model service: every queued step runs in the next pass.
+
+Requests (Verify, Propose) run in their own threads; each forward pass they need is a
+*step* (a session and the tokens to feed it) handed to the one scheduler thread. While a
+pass runs, new steps queue. When it ends, the scheduler takes every queued step, oldest
+first, up to a budget of tokens (`max_batch_tokens`; a step larger than the budget runs
+alone), into the next pass: continuous batching as vLLM (Kwon et al. 2023) and TGI do
+it, with no fixed window. Sessions join and leave between passes.
+
+Keeping sessions together. A step submitted with `more=True` says the same session will
+very likely send its next step right after this one's result: the next token of a
+Propose (certain), or the next Verify of a generation whose coordinator turns the round
+around in a few milliseconds (likely). Before the next pass, the scheduler waits for
+those sessions to come back, but only as long as they have been measured to take
+(twice the 90th percentile of recent return gaps), never more than half the last pass's
+duration or `max_wait_s`, and not at all once a budget's worth of tokens is queued.
+Without this, sessions that finish a pass together split into two half-size groups that
+alternate (each returns while the other's pass runs), halving what every pass does.
+A session that will not come back says so (`leave`). `linger_s` (default 0) optionally
+waits for more steps before any pass.
+
+Isolation: a step whose caller has gone (`cancelled()`) is dropped before its pass with
+`Cancelled`, touching nothing. If a pass fails, each of its steps is retried alone, so
+only the step that fails gets the error; backends move a session's length only after a
+successful pass, so a failed pass leaves every session as it was.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from specdec.errors import Cancelled
+
+log = logging.getLogger(__name__)
+
+# (cache, tokens to feed, how many last positions' logits to return): one backend row.
+Item = tuple[Any, list[int], int]
+
+DEFAULT_MAX_BATCH_TOKENS = 2048
+DEFAULT_MAX_WAIT_S = 0.05
+GAP_SAMPLES = 128
+
+
+def _never() -> bool:
+    return False
+
+
+@dataclass
+class Step:
+    owner: object  # the session; one step per session at a time (check-out rule)
+    item: Item
+    more: bool
+    cancelled: Callable[[], bool]
+    queued_at: float = field(default_factory=time.perf_counter)
+    done: threading.Event = field(default_factory=threading.Event)
+    logits: torch.Tensor | None = None
+    error: BaseException | None = None
+
+    def finish(self, logits: torch.Tensor | None = None, error: BaseException | None = None):
+        self.logits, self.error = logits, error
+        self.done.set()
+
+
+@dataclass
+class Pass:
+    """What one forward pass held (for metrics and tests)."""
+
+    sessions: int
+    tokens: int
+    seconds: float
+    queue_wait_s: list[float]
+
+
+class Scheduler:
+    def __init__(self, forward_batch: Callable[[list[Item]], list[torch.Tensor]],
+                 max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS, linger_s: float = 0.0,
+                 max_wait_s: float = DEFAULT_MAX_WAIT_S,
+                 on_pass: Callable[[Pass], None] | None = None, name: str = "scheduler"):
+        if max_batch_tokens < 1:
+            raise ValueError(f"max_batch_tokens must be >= 1, got {max_batch_tokens}")
+        self._forward_batch = forward_batch
+        self.max_batch_tokens = max_batch_tokens
+        self.linger_s, self.max_wait_s = linger_s, max_wait_s
+        self.on_pass = on_pass
+        self._queue: list[Step] = []
+        # Sessions of the last pass said to come back: waited for before the next pass
+        # (id(owner) -> when its step finished); `_returning` keeps them for measuring
+        # the return gap until the following pass ends, also when they come back late.
+        self._expected: dict[int, float] = {}
+        self._returning: dict[int, float] = {}
+        self._gaps: deque[float] = deque(maxlen=GAP_SAMPLES)  # finish -> next submit
+        self._last_pass_s = 0.0
+        self._cond = threading.Condition()
+        self._closed = False
+        self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
+        self._thread.start()
+
+    # -- callers ----------------------------------------------------------------------
+
+    def run(self, owner: object, item: Item, more: bool = False,
+            cancelled: Callable[[], bool] = _never) -> torch.Tensor:
+        """Queue one step and wait for its logits (or raise its own error)."""
+        step = Step(owner, item, more, cancelled)
+        with self._cond:
+            if self._closed:
+                raise RuntimeError("the scheduler is closed")
+            finished = self._returning.pop(id(owner), None)
+            if finished is not None:
+                self._gaps.append(time.perf_counter() - finished)
+            self._queue.append(step)
+            self._cond.notify_all()
+        step.done.wait()
+        if step.error is not None:
+            raise step.error
+        return step.logits
+
+    def leave(self, owner: object) -> None:
+        """`owner` will not submit the step it announced with more=True."""
+        with self._cond:
+            self._returning.pop(id(owner), None)
+            if self._expected.pop(id(owner), None) is not None:
+                self._cond.notify_all()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        self._thread.join(timeout=5)
+
+    # -- the scheduler thread -----------------------------------------------------------
+
+    def _take(self) -> list[Step] | None:
+        with self._cond:
+            while not self._queue and not self._closed:
+                self._cond.wait()
+            if self._closed:
+                for step in self._queue:
+                    step.finish(error=RuntimeError("the service is shutting down"))
+                return None
+            deadline = time.perf_counter() + self._wait_bound()
+            while self._missing() and (left := deadline - time.perf_counter()) > 0:
+                self._cond.wait(left)
+            if self.linger_s > 0:
+                self._cond.wait(self.linger_s)
+            self._expected.clear()
+            batch, tokens = [], 0
+            for step in list(self._queue):
+                n = len(step.item[1])
+                if batch and tokens + n > self.max_batch_tokens:
+                    continue  # waits for the next pass; smaller later steps may still fit
+                batch.append(step)
+                tokens += n
+            for step in batch:
+                self._queue.remove(step)
+            return batch
+
+    def _wait_bound(self) -> float:
+        """How long to wait for the sessions expected back (see the module's notes)."""
+        if not self._expected:
+            return 0.0
+        cap = min(self.max_wait_s, 0.5 * self._last_pass_s)
+        if len(self._gaps) < 8:
+            return cap
+        gaps = sorted(self._gaps)
+        return min(cap, 2 * gaps[int(0.9 * (len(gaps) - 1))])
+
+    def _missing(self) -> bool:
+        if sum(len(s.item[1]) for s in self._queue) >= self.max_batch_tokens:
+            return False
+        queued = {id(s.owner) for s in self._queue}
+        return any(owner not in queued for owner in self._expected)
+
+    def _serve(self) -> None:
+        while (batch := self._take()) is not None:
+            live = []
+            for step in batch:
+                if step.cancelled():
+                    step.finish(error=Cancelled("the client called this request off"))
+                else:
+                    live.append(step)
+            if live:
+                self._run(live)
+
+    def _run(self, batch: list[Step]) -> None:
+        start = time.perf_counter()
+        try:
+            results = self._forward_batch([s.item for s in batch])
+        except Exception as exc:  # noqa: BLE001 - isolate the step that fails
+            if len(batch) == 1:
+                batch[0].finish(error=exc)
+                return
+            log.warning("a batched pass of %d sessions failed (%s); running them one by one",
+                        len(batch), exc)
+            for step in batch:
+                self._run([step])
+            return
+        end = time.perf_counter()
+        seconds = end - start
+        with self._cond:
+            self._last_pass_s = seconds
+            self._expected = {id(s.owner): end for s in batch if s.more}
+            self._returning = dict(self._expected)
+        for step, logits in zip(batch, results, strict=True):
+            step.finish(logits)
+        if self.on_pass is not None:
+            self.on_pass(Pass(len(batch), sum(len(s.item[1]) for s in batch), seconds,
+                              [start - s.queued_at for s in batch]))

@@ -1,0 +1,156 @@
+"""The OpenVINO backend with a paged KV cache: many sessions in one forward pass.
+
+The stateful IR is turned into its PagedAttention form at load time (OpenVINO's
+`paged_attention_transformation`, the same graph OpenVINO GenAI's continuous batching
+runs). The KV cache is then an input the model writes into: one pool of fixed-size
+blocks per layer (`key_cache.N` / `value_cache.N`, [blocks, kv_heads, block_size,
+head_dim] on CPU), shared by every session. A session is a block table and a length
+(`specdec.runtime.blocks`). One infer takes the tokens of several sessions end to end,
+ragged, with no padding:
+
+  input_ids, position_ids   every session's new tokens, concatenated
+  past_lens                 how many positions each session holds already
+  subsequence_begins        where each session's tokens start in input_ids (+ the end)
+  block_indices(_begins)    every session's block table, concatenated (+ offsets)
+  max_context_len           the longest session after this pass
+
+and returns logits for every fed position ([tokens, 1, V]). Rolling back is setting a
+shorter length: no gather, no compaction, and the next tokens overwrite the dead
+entries. Each session's attention reads only its own blocks, so a session's logits do
+not depend on which others share the pass beyond float rounding in the shared matmuls
+(measured and tested: tests/runtime/test_batched_forward.py).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from specdec.runtime.blocks import BlockPool, BlockTable
+from specdec.runtime.openvino_backend import OpenVINOBackend
+
+log = logging.getLogger(__name__)
+
+INITIAL_BLOCKS = 64
+
+
+def _kv_matching_compute(core, device: str, config: dict) -> dict:
+    """The CPU plugin's paged attention wants an f32 KV cache only when it computes in
+    f32; in bf16/f16 the cache must be the same 16-bit type (u8 works with either)."""
+    precision = config.get("INFERENCE_PRECISION_HINT")
+    if precision is None:  # "auto": what the plugin would choose
+        try:
+            precision = core.get_property(device, "INFERENCE_PRECISION_HINT").to_string()
+        except Exception:  # noqa: BLE001 - a plugin without the property computes in f32
+            precision = "f32"
+    if precision in ("bf16", "f16") and config.get("KV_CACHE_PRECISION") == "f32":
+        log.info("paged KV cache in %s, the precision this model computes in", precision)
+        config = {**config, "KV_CACHE_PRECISION": precision}
+    return config
+
+
+class PagedOpenVINOBackend(OpenVINOBackend):
+    kv_layout = "paged"
+
+    def __init__(self, *args, initial_blocks: int = INITIAL_BLOCKS, max_blocks: int = 0,
+                 **kwargs):
+        self._initial_blocks, self._max_blocks = initial_blocks, max_blocks
+        super().__init__(*args, **kwargs)
+
+    def _compile(self, core, xml: Path, device: str, config: dict):
+        from openvino._offline_transformations import paged_attention_transformation
+
+        model = core.read_model(str(xml))
+        paged_attention_transformation(model)
+        compiled = core.compile_model(model, device, _kv_matching_compute(core, device, config))
+        self._request = compiled.create_infer_request()
+        self._cache_inputs = [i.get_any_name() for i in compiled.inputs
+                              if i.get_any_name().startswith(("key_cache.", "value_cache."))]
+        if not self._cache_inputs:
+            raise ValueError(f"{xml} has no attention the paged transformation could rewrite")
+        shapes = {}
+        for name in self._cache_inputs:
+            port = compiled.input(name)
+            shape = port.get_partial_shape()
+            if not all(shape[i].is_static for i in range(1, shape.rank.get_length())):
+                raise ValueError(f"device {device} does not fix the KV block layout "
+                                 f"({name}: {shape}); use --kv-layout stateful")
+            shapes[name] = ([shape[i].get_length() for i in range(1, shape.rank.get_length())],
+                            port.get_element_type())
+        self._block_shapes = shapes
+        block_size = next(iter(shapes.values()))[0][1]
+        self.pool = BlockPool(block_size, self._initial_blocks, self._max_blocks,
+                              on_grow=self._grow)
+        self._tensors: dict[str, object] = {}
+        self._allocate(self._initial_blocks, copy_from=None)
+        return compiled
+
+    def _allocate(self, blocks: int, copy_from: dict | None) -> None:
+        import openvino as ov
+
+        for name in self._cache_inputs:
+            dims, etype = self._block_shapes[name]
+            tensor = ov.Tensor(etype, [blocks, *dims])
+            if copy_from is not None:
+                old = copy_from[name]
+                tensor.data[:old.shape[0]] = old.data
+            self._tensors[name] = tensor
+            self._request.set_tensor(name, tensor)
+
+    def _grow(self, old: int, new: int) -> None:
+        log.info("KV block pool: %d -> %d blocks of %d positions", old, new,
+                 self.pool.block_size)
+        self._allocate(new, copy_from=dict(self._tensors))
+
+    # -- the backend interface ---------------------------------------------------------
+
+    def new_cache(self) -> BlockTable:
+        return BlockTable(self.pool)
+
+    @staticmethod
+    def cache_len(cache: BlockTable) -> int:
+        return cache.length
+
+    def crop(self, cache: BlockTable, length: int) -> None:
+        cache.crop(length)
+
+    def forward(self, cache: BlockTable, tokens: list[int], keep_last: int = 1) -> torch.Tensor:
+        return self.forward_batch([(cache, tokens, keep_last)])[0]
+
+    def forward_batch(self, items: list[tuple[BlockTable, list[int], int]]) -> list[torch.Tensor]:
+        """Feed each session its tokens in one pass; logits [keep_last, V] per session.
+
+        Blocks are reserved for all sessions before the pass (a full pool raises before
+        anything is written); lengths move only after the pass succeeded, so a failed
+        pass leaves every session as it was.
+        """
+        for cache, tokens, _ in items:
+            cache.reserve(cache.length + len(tokens))
+        ids, positions, past, begins, blocks, block_begins = [], [], [], [0], [], [0]
+        for cache, tokens, _ in items:
+            ids.extend(tokens)
+            positions.extend(range(cache.length, cache.length + len(tokens)))
+            past.append(cache.length)
+            begins.append(len(ids))
+            blocks.extend(cache.blocks)
+            block_begins.append(len(blocks))
+        longest = max(c.length + len(t) for c, t, _ in items)
+        self._request.infer({
+            "input_ids": np.asarray(ids, dtype=np.int64),
+            "position_ids": np.asarray(positions, dtype=np.int64),
+            "past_lens": np.asarray(past, dtype=np.int32),
+            "subsequence_begins": np.asarray(begins, dtype=np.int32),
+            "block_indices": np.asarray(blocks, dtype=np.int32),
+            "block_indices_begins": np.asarray(block_begins, dtype=np.int32),
+            "max_context_len": np.asarray(longest, dtype=np.int32),
+        })
+        logits = self._request.get_tensor("logits").data  # [tokens, 1, V]
+        out = []
+        for (cache, tokens, keep_last), end in zip(items, begins[1:], strict=True):
+            out.append(torch.from_numpy(np.array(logits[end - keep_last:end, 0],
+                                                  dtype=np.float32)))
+            cache.length += len(tokens)
+        return out
