@@ -26,7 +26,7 @@ from specdec.sampling import (
     truncate,
 )
 from specdec.sync import SyncRequest
-from specdec.verify import SparseQ
+from specdec.verify import SparseQ, argmax
 
 
 @dataclass
@@ -86,25 +86,30 @@ class DraftEngine:
         tokens: list[int] = []
         dists: list[SparseQ] = []
         needed = args.keep_len + len(args.new_tokens) + args.num_tokens - 1
+        k = args.num_tokens
         with self.model.store.use(args.session_id, args.keep_len, args.keep_digest,
                                   needed, busy_wait_s=busy_wait_s) as s:
-            logits = self.model.sync(s, args, keep_last=1)[0]
-            for i in range(args.num_tokens):
-                probs = process_logits(logits, params)
-                if params.greedy:
-                    x = int(probs.argmax())
-                    confidence = float(torch.softmax(logits.float(), -1)[x]) \
-                        if args.exit_below > 0 else 1.0
-                else:
-                    ids, q = truncate(probs, top_n)
-                    j = sample(q, gen)
-                    x, confidence = int(ids[j]), float(q[j])
-                    dists.append(SparseQ(ids, q))
-                tokens.append(x)
-                if i + 1 == args.num_tokens or confidence < args.exit_below or cancelled():
-                    break  # x is returned but not fed: the cache ends before it
-                logits = self.model.step(s, x)
-            return ProposeResult(tokens, dists, s.cached_len)
+            try:
+                # Steps run in lockstep with other sessions' (specdec.runtime.batching):
+                # `more` says this session's next step follows at once.
+                logits = self.model.sync(s, args, keep_last=1, more=k > 1)[0]
+                for i in range(k):
+                    if params.greedy:
+                        x = argmax(logits[None])[0]
+                        confidence = float(torch.softmax(logits.float(), -1)[x]) \
+                            if args.exit_below > 0 else 1.0
+                    else:
+                        ids, q = truncate(process_logits(logits, params), top_n)
+                        j = sample(q, gen)
+                        x, confidence = int(ids[j]), float(q[j])
+                        dists.append(SparseQ(ids, q))
+                    tokens.append(x)
+                    if i + 1 == k or confidence < args.exit_below or cancelled():
+                        break  # x is returned but not fed: the cache ends before it
+                    logits = self.model.step(s, x, more=i + 2 < k)
+            finally:
+                self.model.done_stepping(s)
+        return ProposeResult(tokens, dists, s.cached_len)
 
     def release(self, session_id: str) -> bool:
         return self.model.release(session_id)

@@ -140,11 +140,17 @@ class SpecdecServer:
 def build_server(
     address: str,
     services: Sequence[Service],
-    max_workers: int = 16,
-    max_concurrent_rpcs: int | None = 64,
+    max_workers: int = 128,
+    max_concurrent_rpcs: int | None = None,
     max_message_bytes: int = MAX_MESSAGE_BYTES,
 ) -> tuple[SpecdecServer, int]:
-    """A server bound to `address` ("host:port"; port 0 = any free one), not started."""
+    """A server bound to `address` ("host:port"; port 0 = any free one), not started.
+
+    Concurrent RPCs are capped at the worker count by default: a request blocks its
+    worker while its steps wait for the model, so calls past the workers would only
+    queue unseen; they get RESOURCE_EXHAUSTED instead."""
+    if max_concurrent_rpcs is None:
+        max_concurrent_rpcs = max_workers
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="rpc"),
         interceptors=[ErrorMappingInterceptor()],

@@ -17,10 +17,12 @@ Model services (`specdec_draft_*`; the target's are the same with `specdec_targe
   cached_tokens                      gauge      KV positions held or reserved, all sessions
   session_evictions_total{reason}    counter    reason=idle (TTL) | memory (KV budget)
   released_sessions_total            counter    sessions freed by Release
-  forward_duration_seconds           histogram  one model forward pass (prefill or step)
+  forward_duration_seconds           histogram  one forward pass of the scheduler
   tokens_fed_total                   counter    tokens fed through the model
+  batch_sessions                     histogram  sessions (requests) per forward pass
+  batch_tokens                       histogram  tokens per forward pass
+  queue_wait_seconds                 histogram  a step's wait for its forward pass
 Target only:
-  specdec_target_verify_batch_size             histogram  requests per verify_batch call
   specdec_target_inflight_verify_requests      gauge      Verify calls waiting on or running
                                                           in the model (the HPA's metric)
 Coordinator (one registry per Serve replica):
@@ -59,6 +61,7 @@ log = logging.getLogger(__name__)
 LATENCY_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0)
 ROUND_BUCKETS = LATENCY_BUCKETS + (5.0,)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+TOKEN_BUCKETS = (1, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
 PORT_TRIES = 8  # a coordinator replica tries port, port+1, ..., port+7
 
 
@@ -107,8 +110,12 @@ class ModelMetrics:
     def forward(self, seconds: float, tokens: int) -> None:
         """One forward pass that fed `tokens` tokens took `seconds`."""
 
-    def verify_batch(self, requests: int) -> contextlib.AbstractContextManager:
-        """Around one verify_batch call of `requests` requests."""
+    def batch(self, sessions: int, tokens: int, queue_wait_s: list[float]) -> None:
+        """One pass of the continuous scheduler: sessions and tokens in it, and how long
+        each of its steps waited in the queue."""
+
+    def inflight(self) -> contextlib.AbstractContextManager:
+        """Around one Verify request (queued or running): the target's load gauge."""
         return contextlib.nullcontext()
 
     def close(self) -> None:
@@ -129,13 +136,20 @@ class PrometheusModelMetrics(_Exporter, ModelMetrics):
             buckets=LATENCY_BUCKETS, registry=r)
         self.tokens_fed = Counter(prefix + "tokens_fed_total",
                                   "Tokens fed through the model.", registry=r)
-        self.batch_size = self.inflight = None
+        self.batch_sessions = Histogram(
+            prefix + "batch_sessions",
+            "Sessions (requests) per forward pass of the continuous scheduler.",
+            buckets=BATCH_BUCKETS, registry=r)
+        self.batch_tokens = Histogram(
+            prefix + "batch_tokens", "Tokens fed per forward pass.",
+            buckets=TOKEN_BUCKETS, registry=r)
+        self.queue_wait = Histogram(
+            prefix + "queue_wait_seconds",
+            "Time a step waited in the scheduler's queue before its forward pass.",
+            buckets=LATENCY_BUCKETS, registry=r)
+        self.inflight_gauge = None
         if kind == "target":
-            self.batch_size = Histogram(
-                "specdec_target_verify_batch_size",
-                "Requests (sessions) per verify_batch call.", buckets=BATCH_BUCKETS,
-                registry=r)
-            self.inflight = Gauge(
+            self.inflight_gauge = Gauge(
                 "specdec_target_inflight_verify_requests",
                 "Verify requests waiting on or running in the model now.", registry=r)
         if store is not None:
@@ -145,14 +159,22 @@ class PrometheusModelMetrics(_Exporter, ModelMetrics):
         self.forward_seconds.observe(seconds)
         self.tokens_fed.inc(tokens)
 
+    def batch(self, sessions: int, tokens: int, queue_wait_s: list[float]) -> None:
+        self.batch_sessions.observe(sessions)
+        self.batch_tokens.observe(tokens)
+        for wait in queue_wait_s:
+            self.queue_wait.observe(wait)
+
     @contextlib.contextmanager
-    def verify_batch(self, requests: int) -> Iterator[None]:
-        self.batch_size.observe(requests)
-        self.inflight.inc(requests)
+    def inflight(self) -> Iterator[None]:
+        if self.inflight_gauge is None:
+            yield
+            return
+        self.inflight_gauge.inc()
         try:
             yield
         finally:
-            self.inflight.dec(requests)
+            self.inflight_gauge.dec()
 
 
 class SessionStoreCollector(Collector):

@@ -8,6 +8,7 @@ import os
 import time
 from dataclasses import dataclass
 
+from specdec.runtime.batching import DEFAULT_MAX_BATCH_TOKENS
 from specdec.runtime.cached_model import CachedModel
 
 log = logging.getLogger(__name__)
@@ -23,6 +24,7 @@ class ModelServiceConfig:
     inference_precision: str = "f32"
     performance_hint: str = "LATENCY"
     ov_rollback: str = "mask"
+    kv_layout: str = "paged"
     cpus: str = ""
     dtype: str = "float32"
     quantize: str = "none"
@@ -33,7 +35,9 @@ class ModelServiceConfig:
     max_cached_tokens: int = 65536
     max_draft_tokens: int = 16
     threads: int = 0
-    workers: int = 16
+    workers: int = 128
+    max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS
+    batch_linger_ms: float = 0.0
     grace: float = 5.0
     metrics_port: int = 0  # 0 = no metrics
     log_level: str = "INFO"
@@ -75,9 +79,14 @@ def add_model_service_flags(p: argparse.ArgumentParser, default_port: int,
     p.add_argument("--performance-hint", default="LATENCY",
                    choices=["LATENCY", "THROUGHPUT", "CUMULATIVE_THROUGHPUT"],
                    help="openvino: the plugin's performance hint (default: %(default)s)")
+    p.add_argument("--kv-layout", default="paged", choices=["paged", "stateful"],
+                   help="openvino: paged = one pool of KV blocks shared by all sessions, "
+                        "so concurrent requests share forward passes (continuous batching) "
+                        "and rollback is free; stateful = one infer request per session, "
+                        "one session per pass (default: %(default)s)")
     p.add_argument("--ov-rollback", default="mask", choices=["mask", "trim"],
-                   help="openvino: how a rejected draft is rolled back in the stateful KV "
-                        "cache: mask (free; dead entries masked, compacted now and then) or "
+                   help="openvino, --kv-layout stateful: how a rejected draft is rolled back: "
+                        "mask (free; dead entries masked, compacted now and then) or "
                         "trim (copy the state tensors every time) (default: %(default)s)")
     p.add_argument("--cpus", default="",
                    help="pin this process to these CPUs, e.g. 0 or 0-1 or 0,2 (lets one box "
@@ -105,8 +114,17 @@ def add_model_service_flags(p: argparse.ArgumentParser, default_port: int,
                    help="largest K a request may ask for (default: %(default)s)")
     p.add_argument("--threads", type=int, default=0,
                    help="torch intra-op threads; 0 leaves torch's default (default: %(default)s)")
-    p.add_argument("--workers", type=int, default=16,
-                   help="gRPC worker threads (default: %(default)s)")
+    p.add_argument("--workers", type=int, default=128,
+                   help="gRPC worker threads, also the most concurrent RPCs (more get "
+                        "RESOURCE_EXHAUSTED); each waiting request holds one while its steps "
+                        "queue for the model (default: %(default)s)")
+    p.add_argument("--max-batch-tokens", type=int, default=DEFAULT_MAX_BATCH_TOKENS,
+                   help="continuous batching: most tokens fed in one forward pass; queued "
+                        "steps past it wait for the next pass, and a larger prefill runs "
+                        "alone (default: %(default)s)")
+    p.add_argument("--batch-linger-ms", type=float, default=0.0, metavar="MS",
+                   help="continuous batching: wait this long for more requests before each "
+                        "pass; 0 = never wait, take what is queued (default: %(default)s)")
     p.add_argument("--grace", type=float, default=5.0, metavar="SECONDS",
                    help="on SIGTERM/SIGINT, seconds in-flight RPCs get to finish "
                         "(default: %(default)s)")
@@ -134,9 +152,11 @@ def load_backend(cfg: ModelServiceConfig):
     if cfg.backend == "openvino":
         from specdec.runtime.openvino_backend import OpenVINOBackend
         from specdec.runtime.openvino_export import resolve_ir
+        from specdec.runtime.openvino_paged import PagedOpenVINOBackend
 
         ir_dir, model_id = resolve_ir(cfg.model, cfg.weights)
-        return OpenVINOBackend(ir_dir, cfg.device or "CPU", cfg.threads,
+        kind = PagedOpenVINOBackend if cfg.kv_layout == "paged" else OpenVINOBackend
+        return kind(ir_dir, cfg.device or "CPU", cfg.threads,
                                cfg.kv_cache_precision, cfg.performance_hint, model_id=model_id,
                                rollback=cfg.ov_rollback,
                                inference_precision=cfg.inference_precision)
@@ -167,7 +187,9 @@ def load_cached_model(cfg: ModelServiceConfig) -> CachedModel:
     backend = load_backend(cfg)
     log.info("loaded model %s (%s) in %.2f s", cfg.model, cfg.backend,
              time.perf_counter() - t0)
-    model = CachedModel(backend, cfg.max_sessions, cfg.session_ttl, cfg.max_cached_tokens)
+    model = CachedModel(backend, cfg.max_sessions, cfg.session_ttl, cfg.max_cached_tokens,
+                        max_batch_tokens=cfg.max_batch_tokens,
+                        linger_s=cfg.batch_linger_ms / 1000)
     model.store.start_reaper()
     return model
 
@@ -188,7 +210,7 @@ def start_metrics(kind: str, cfg: ModelServiceConfig, model: CachedModel) -> Non
 def log_start(kind: str, cfg: ModelServiceConfig, port: int, model: CachedModel) -> None:
     extra = "" if cfg.quantize == "none" else f" quantize={cfg.quantize}"
     if cfg.backend == "openvino":
-        extra += (f" weights={cfg.weights} kv={cfg.kv_cache_precision}"
+        extra += (f" weights={cfg.weights} kv={cfg.kv_cache_precision} layout={cfg.kv_layout}"
                   f" precision={getattr(model.backend, 'inference_precision', '?')}")
     if cfg.cpus:
         extra += f" cpus={cfg.cpus}"

@@ -96,11 +96,31 @@ def target_round(
     """
     k = len(draft_tokens)
     assert p.shape[0] == k + 1, f"need K+1 = {k + 1} target rows, got {p.shape[0]}"
-    qs = draft_q if draft_q is not None else [SparseQ.one_hot(x) for x in draft_tokens]
     target_probs = [float(p[i, x]) for i, x in enumerate(draft_tokens)]
+    qs = draft_q if draft_q is not None else [SparseQ.one_hot(x) for x in draft_tokens]
     recovered = [sample(residual(p[i], qs[i]), generator) for i in range(k)]
     bonus = sample(p[k], generator)
     return TargetRound(target_probs, recovered, bonus)
+
+
+def greedy_round(logits: torch.Tensor, draft_tokens: Sequence[int]) -> TargetRound:
+    """`target_round` for greedy sampling, from the raw logits [K+1, V].
+
+    p and q are one-hot, so p_i(x_i) is 1 exactly when x_i is the target's argmax, every
+    residual is p itself and every draw is the argmax: the same result as target_round
+    on process_logits(logits, greedy), with no vocabulary-sized work beyond one argmax
+    (it matters when a target verifies a whole batch of sessions per pass).
+    """
+    top = argmax(logits)
+    k = len(draft_tokens)
+    return TargetRound([1.0 if top[i] == x else 0.0 for i, x in enumerate(draft_tokens)],
+                       top[:k], top[k])
+
+
+def argmax(logits: torch.Tensor) -> list[int]:
+    """Row-wise argmax of [n, V] float logits (numpy's is several times faster on CPU;
+    ties go to the lowest index, as torch's)."""
+    return logits.float().numpy().argmax(-1).tolist()
 
 
 def decide(

@@ -3,22 +3,23 @@
 One forward pass over new_tokens (committed tail + K drafts) gives p_1..p_{K+1}; the
 engine returns p_i(x_i), a recovered sample from norm(max(0, p_i - q_i)) per position
 and a bonus sample from p_{K+1}, drawn from a generator seeded by round_seed. The
-coordinator makes the decisions. The entry point takes a batch so that cross-session
-batching can replace the loop without changing callers.
+coordinator makes the decisions. Concurrent Verify calls share forward passes: the
+model's continuous scheduler (specdec.runtime.batching) runs every queued one together.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
-from specdec.errors import SpecdecError, require
+from specdec.errors import Cancelled, require
 from specdec.runtime.cached_model import CachedModel, ServiceInfo
 from specdec.sampling import SamplingParams, generator, process_logits
 from specdec.sync import SyncRequest
-from specdec.verify import SparseQ, TargetRound, target_round
+from specdec.verify import SparseQ, TargetRound, greedy_round, target_round
 
 
 @dataclass
@@ -82,32 +83,35 @@ class TargetEngine:
         pairs = zip(drafts, args.draft_dists, strict=True)
         return [self._check_dist(i, x, *d) for i, (x, d) in enumerate(pairs)]
 
-    def verify(self, args: VerifyArgs, busy_wait_s: float = 0.0) -> VerifyResult:
+    def verify(self, args: VerifyArgs, busy_wait_s: float = 0.0,
+               cancelled: Callable[[], bool] | None = None) -> VerifyResult:
         """A session another request holds is waited for up to `busy_wait_s`, then
-        ABORTED (the same rule as the draft's)."""
+        ABORTED (the same rule as the draft's). A request whose caller has gone
+        (`cancelled()`) before its forward pass starts is dropped with CANCELLED and leaves
+        the session as it was told to keep it."""
         draft_q = self.validate(args)
         k = args.num_draft
         drafts = args.new_tokens[len(args.new_tokens) - k:] if k else []
         needed = args.keep_len + len(args.new_tokens)
-        with self.model.store.use(args.session_id, args.keep_len, args.keep_digest,
-                                  needed, busy_wait_s=busy_wait_s) as s:
-            logits = self.model.sync(s, args, keep_last=k + 1)
+        # Counts the request until it is done (the HPA's load metric).
+        with self.model.metrics.inflight(), \
+                self.model.store.use(args.session_id, args.keep_len, args.keep_digest,
+                                     needed, busy_wait_s=busy_wait_s) as s:
+            try:
+                # more=True: the generation's next Verify usually follows within a few
+                # milliseconds; the scheduler keeps it in the same pass as its peers.
+                logits = self.model.sync(s, args, keep_last=k + 1, more=True,
+                                         cancelled=cancelled)
+            except Cancelled:
+                logits = None  # nothing was fed: the session is put back as kept
+        if logits is None:
+            raise Cancelled("the client called this request off")
+        if args.sampling.greedy:
+            result = greedy_round(logits, drafts)
+        else:
             p = process_logits(logits, args.sampling)
             result = target_round(p, drafts, draft_q, generator(args.round_seed, "verify"))
-            return VerifyResult(result, s.cached_len)
-
-    def verify_batch(self, batch: list[VerifyArgs],
-                     busy_wait_s: float = 0.0) -> list[VerifyResult | SpecdecError]:
-        """Verify several requests (sessions); each gets its result or its own error."""
-        out: list[VerifyResult | SpecdecError] = []
-        # Counts the batch in flight (the HPA's load metric) until every request is done.
-        with self.model.metrics.verify_batch(len(batch)):
-            for args in batch:
-                try:
-                    out.append(self.verify(args, busy_wait_s))
-                except SpecdecError as e:
-                    out.append(e)
-        return out
+        return VerifyResult(result, s.cached_len)
 
     def release(self, session_id: str) -> bool:
         return self.model.release(session_id)

@@ -25,9 +25,8 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
             draft_dists=[wire.dist_from_proto(d) for d in request.draft_dists],
             sampling=wire.sampling_from_proto(request.sampling), round_seed=request.round_seed,
         )
-        (result,) = self.engine.verify_batch([args], busy_wait_s(context))
-        if isinstance(result, Exception):
-            raise result
+        result = self.engine.verify(args, busy_wait_s(context),
+                                    cancelled=lambda: not context.is_active())
         r = result.round
         return target_pb2.VerifyResponse(
             target_probs=r.target_probs, recovered_tokens=r.recovered_tokens,

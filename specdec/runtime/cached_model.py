@@ -2,13 +2,13 @@
 
 Both engines (draft and target) are built on this: validate the sync fields of a
 request, check the session out, crop its cache to keep_len, feed new_tokens in one
-forward pass, and put it back, or drop it if anything failed.
+forward pass, and put it back, or drop it if anything failed. Forward passes go through
+the service's continuous scheduler (specdec.runtime.batching), which runs the steps of
+all concurrent requests together.
 """
 
 from __future__ import annotations
 
-import threading
-import time
 from dataclasses import dataclass
 
 import torch
@@ -16,6 +16,7 @@ import torch
 from specdec import digest as digests
 from specdec.errors import InvalidArgument, require
 from specdec.metrics import ModelMetrics
+from specdec.runtime.batching import DEFAULT_MAX_BATCH_TOKENS, Pass, Scheduler
 from specdec.runtime.session import Session, SessionStore
 from specdec.sync import SyncRequest
 
@@ -35,18 +36,20 @@ class ServiceInfo:
 
 class CachedModel:
     def __init__(self, backend, max_sessions: int = 64, session_ttl_s: float = 600.0,
-                 max_cached_tokens: int = 0):
+                 max_cached_tokens: int = 0,
+                 max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS, linger_s: float = 0.0):
         self.backend = backend
         self.vocab_size = backend.vocab_size
         self.max_context = backend.max_context
         self.store = SessionStore(backend.new_cache, max_sessions, session_ttl_s,
                                   max_cached_tokens=max_cached_tokens)
-        # One forward pass at a time: the model's compute is the bottleneck anyway, and
-        # this keeps per-thread library state (e.g. torch's) out of the picture.
-        self._compute = threading.Lock()
-        # Forward passes and tokens fed; the null object unless --metrics-port is set
-        # (service_cli.start_metrics).
+        # Forward passes, batch sizes and queue waits; the null object unless
+        # --metrics-port is set (service_cli.start_metrics).
         self.metrics: ModelMetrics = ModelMetrics()
+        # One thread runs every forward pass, batching the steps of concurrent requests.
+        self.scheduler = Scheduler(backend.forward_batch, max_batch_tokens, linger_s,
+                                   on_pass=self._on_pass,
+                                   name=f"{getattr(backend, 'name', 'model')}-scheduler")
 
     def info(self, max_draft_tokens: int, default_top_n: int = 0) -> ServiceInfo:
         b = self.backend
@@ -81,24 +84,36 @@ class CachedModel:
                 "for this model; shorten the prompt or the generation"
             )
 
-    def sync(self, session: Session, args: SyncRequest, keep_last: int) -> torch.Tensor:
-        """Crop to keep_len, feed new_tokens, return logits of the last keep_last positions."""
-        with self._compute:
-            self.backend.crop(session.cache, args.keep_len)
-            session.truncate(args.keep_len)
-            t0 = time.perf_counter()
-            logits = self.backend.forward(session.cache, args.new_tokens, keep_last)
-            seconds = time.perf_counter() - t0
-        self.metrics.forward(seconds, len(args.new_tokens))
-        session.append(args.new_tokens)
+    def _on_pass(self, done: Pass) -> None:
+        self.metrics.forward(done.seconds, done.tokens)
+        self.metrics.batch(done.sessions, done.tokens, done.queue_wait_s)
+
+    def sync(self, session: Session, args: SyncRequest, keep_last: int, more: bool = False,
+             cancelled=None) -> torch.Tensor:
+        """Crop to keep_len, feed new_tokens, return logits of the last keep_last positions.
+
+        `more`: another step of this session follows at once (a draft's next token);
+        `cancelled()` true before the pass starts raises Cancelled with nothing fed.
+        """
+        self.backend.crop(session.cache, args.keep_len)
+        session.truncate(args.keep_len)
+        return self._feed(session, args.new_tokens, keep_last, more, cancelled)
+
+    def step(self, session: Session, token: int, more: bool = False,
+             cancelled=None) -> torch.Tensor:
+        """Feed one more token; logits [V] of it."""
+        return self._feed(session, [token], 1, more, cancelled)[0]
+
+    def _feed(self, session: Session, tokens: list[int], keep_last: int, more: bool,
+              cancelled) -> torch.Tensor:
+        kwargs = {"cancelled": cancelled} if cancelled is not None else {}
+        logits = self.scheduler.run(session, (session.cache, tokens, keep_last), more, **kwargs)
+        session.append(tokens)
         return logits
 
-    def step(self, session: Session, token: int) -> torch.Tensor:
-        """Feed one more token; logits [V] of it."""
-        with self._compute:
-            t0 = time.perf_counter()
-            logits = self.backend.forward(session.cache, [token], 1)[0]
-            seconds = time.perf_counter() - t0
-        self.metrics.forward(seconds, 1)
-        session.append([token])
-        return logits
+    def done_stepping(self, session: Session) -> None:
+        """This session announced a next step (more=True) it will not send."""
+        self.scheduler.leave(session)
+
+    def close(self) -> None:
+        self.scheduler.close()

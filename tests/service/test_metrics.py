@@ -156,8 +156,10 @@ def test_a_generation_moves_every_endpoint_consistently(services, monkeypatch):
     assert fed >= len(PROMPT) + generated  # rejected drafts were fed, then rolled back
     assert t("specdec_target_forward_duration_seconds_count") == len(target.fed)
     assert t("specdec_target_forward_duration_seconds_sum") > 0
-    assert t("specdec_target_verify_batch_size_count") == len(target.fed)
-    assert t("specdec_target_verify_batch_size_sum") == len(target.fed)  # one request each
+    # One generation alone: every pass holds one session.
+    assert t("specdec_target_batch_sessions_count") == len(target.fed)
+    assert t("specdec_target_batch_sessions_sum") == len(target.fed)
+    assert t("specdec_target_batch_tokens_sum") == fed
     assert inflight_seen == [1.0] * len(target.fed)
     assert t.after("specdec_target_inflight_verify_requests") == 0
     assert [live for *_, live in rounds] == [1.0] * len(rounds)

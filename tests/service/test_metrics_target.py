@@ -1,4 +1,4 @@
-"""Target-service metrics: evictions by reason, Verify batch sizes, requests in flight."""
+"""Target-service metrics: evictions by reason, batch sizes, queue waits, requests in flight."""
 
 from __future__ import annotations
 
@@ -35,45 +35,66 @@ def test_evictions_are_counted_by_reason(services):
     assert delta.after("specdec_target_live_sessions") == 0
 
 
-def test_verify_batch_size_and_inflight_count_every_request(services, monkeypatch):
-    """The engine's batch entry point (gRPC sends batches of one): a batch of three, one
-    of them invalid, is one batch of 3 and 3 requests in flight until it returns, even
-    when a request fails outright."""
+def test_batch_metrics_and_inflight_count_every_request(services, monkeypatch):
+    """Three concurrent Verify requests while a pass runs: the first pass holds one, the
+    next holds the two that queued meanwhile. The histograms say so, queue waits are
+    timed, and the in-flight gauge counts all three until each returns, even one that
+    fails outright."""
+    import threading
+
     from target_service.engine import VerifyArgs
 
     _, (_, engine) = services
     port = engine.model.metrics.port
-    batch = [VerifyArgs(session_id=f"batch-{i}", keep_len=0, keep_digest=0,
-                        new_tokens=[1, 2, 3]) for i in range(2)]
-    batch.append(VerifyArgs(session_id="batch-bad", keep_len=0, keep_digest=0,
-                            new_tokens=[]))  # INVALID_ARGUMENT, reported in its slot
+    backend = engine.model.backend
+    first_pass, release = threading.Event(), threading.Event()
+    forward_batch = backend.forward_batch
+
+    def held(items):
+        if not first_pass.is_set():
+            first_pass.set()
+            release.wait(10)
+        return forward_batch(items)
+
+    monkeypatch.setattr(engine.model.scheduler, "_forward_batch", held)
+    requests = [VerifyArgs(session_id=f"batch-{i}", keep_len=0, keep_digest=0,
+                           new_tokens=[1, 2, 3]) for i in range(3)]
     before = Samples(port)
-    inflight_seen: list[float] = []
-    sync = engine.model.sync
+    results: dict[int, object] = {}
 
-    def look_then_sync(*args, **kwargs):
-        inflight_seen.append(Samples(port)("specdec_target_inflight_verify_requests"))
-        return sync(*args, **kwargs)
+    def verify(i):
+        results[i] = engine.verify(requests[i])
 
-    monkeypatch.setattr(engine.model, "sync", look_then_sync)
-    results = engine.verify_batch(batch)
-    for args in batch:
+    threads = [threading.Thread(target=verify, args=(0,))]
+    threads[0].start()
+    assert first_pass.wait(10)
+    threads += [threading.Thread(target=verify, args=(i,)) for i in (1, 2)]
+    for t in threads[1:]:
+        t.start()
+    while Samples(port)("specdec_target_inflight_verify_requests") < 3:
+        pass  # all three counted while the first pass is held
+    release.set()
+    for t in threads:
+        t.join(10)
+    for args in requests:
         engine.release(args.session_id)
-    assert [isinstance(r, Exception) for r in results] == [False, False, True]
-    assert inflight_seen == [3.0, 3.0]
+    assert sorted(results) == [0, 1, 2]
     delta = Delta(before, Samples(port))
-    assert delta("specdec_target_verify_batch_size_count") == 1
-    assert delta("specdec_target_verify_batch_size_sum") == 3
-    assert delta("specdec_target_verify_batch_size_bucket", le="2.0") == 0
-    assert delta("specdec_target_verify_batch_size_bucket", le="4.0") == 1
+    assert delta("specdec_target_batch_sessions_count") == 2  # two passes
+    assert delta("specdec_target_batch_sessions_sum") == 3
+    assert delta("specdec_target_batch_sessions_bucket", le="1.0") == 1
+    assert delta("specdec_target_batch_tokens_sum") == 9
+    assert delta("specdec_target_queue_wait_seconds_count") == 3
+    assert delta("specdec_target_queue_wait_seconds_sum") > 0
     assert delta.after("specdec_target_inflight_verify_requests") == 0
 
-    def broken(*_args, **_kwargs):
+    def broken(_items):
         raise RuntimeError("the model fell over")
 
-    monkeypatch.setattr(engine.model, "sync", broken)
+    monkeypatch.setattr(engine.model.scheduler, "_forward_batch", broken)
     with pytest.raises(RuntimeError):
-        engine.verify_batch(batch[:1])
+        engine.verify(VerifyArgs(session_id="broken", keep_len=0, keep_digest=0,
+                                 new_tokens=[1]))
     assert Samples(port)("specdec_target_inflight_verify_requests") == 0
 
 
