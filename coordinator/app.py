@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 from grpc_health.v1 import health_pb2
@@ -57,21 +58,21 @@ def start_metrics(metrics_port: int, service) -> PrometheusLoopMetrics | None:
     return metrics
 
 
-async def _next_in_thread(iterator, pending: list):
+async def _next_in_thread(iterator, pending: list, executor):
     """next(iterator) in a thread; the future is kept so a cancel can wait for it."""
-    future = asyncio.get_running_loop().run_in_executor(None, next, iterator, None)
+    future = asyncio.get_running_loop().run_in_executor(executor, next, iterator, None)
     pending[:] = [future]
     return await future
 
 
-async def _close_after(iterator, pending: list) -> None:
+async def _close_after(iterator, pending: list, executor) -> None:
     """Close a generator, first letting a step still running in a thread finish."""
     if pending:
         try:
             await asyncio.shield(pending[0])
         except BaseException:  # noqa: BLE001 - the step's own failure is reported elsewhere
             pass
-    await asyncio.get_running_loop().run_in_executor(None, iterator.close)
+    await asyncio.get_running_loop().run_in_executor(executor, iterator.close)
 
 
 @serve.deployment(name="Coordinator", ray_actor_options={"num_cpus": 0})
@@ -84,6 +85,11 @@ class Coordinator:
         cfg = CoordinatorConfig(**config)
         self.service = build_service(cfg)
         self.metrics = start_metrics(cfg.metrics_port, self.service)
+        # A round blocks its thread for a whole Propose + Verify: asyncio's default pool
+        # (min(32, CPUs + 4) threads: 6 on two cores) would serialise generations past
+        # that many. One thread per admitted generation, and a few for closing.
+        self.executor = ThreadPoolExecutor(max_workers=cfg.max_concurrency + 4,
+                                           thread_name_prefix="round")
 
     def __del__(self):
         # Serve calls this when it retires the replica: free the metrics port.
@@ -96,20 +102,20 @@ class Coordinator:
         pending: list = []
         response = generate_pb2.GenerateResponse()
         try:
-            while (chunk := await _next_in_thread(chunks, pending)) is not None:
+            while (chunk := await _next_in_thread(chunks, pending, self.executor)) is not None:
                 add_chunk(response, chunk)
             return response
         except Exception as exc:  # noqa: BLE001 - every failure gets a status code
             _set_error(grpc_context, exc)
             return generate_pb2.GenerateResponse()
         finally:
-            await _close_after(chunks, pending)
+            await _close_after(chunks, pending, self.executor)
 
     async def GenerateStream(self, request, grpc_context=None):  # noqa: N802
         chunks = self.service.stream(request)
         pending: list = []
         try:
-            while (chunk := await _next_in_thread(chunks, pending)) is not None:
+            while (chunk := await _next_in_thread(chunks, pending, self.executor)) is not None:
                 yield chunk
         except Exception as exc:  # noqa: BLE001 - every failure gets a status code
             # A stream applies grpc_context only with a message or an exception: raise,
@@ -117,7 +123,7 @@ class Coordinator:
             _set_error(grpc_context, exc)
             raise
         finally:
-            await _close_after(chunks, pending)
+            await _close_after(chunks, pending, self.executor)
 
     async def Check(self, request, grpc_context=None):  # noqa: N802
         return health_pb2.HealthCheckResponse(status=health_pb2.HealthCheckResponse.SERVING)

@@ -58,14 +58,18 @@ class RoundOutput:
 class SpeculativeLoop:
     def __init__(self, draft: Router | DraftClient | None, target: Router | TargetClient,
                  policy: LoopPolicy = DEFAULT_POLICY, metrics: LoopMetrics | None = None,
-                 max_propose: int = 16, draft_backoff_s: float = 1.0):
+                 max_propose: int = 16, draft_backoff_s: float = 1.0,
+                 max_concurrency: int = 32):
         self.policy = policy
         self.max_propose = max_propose  # the draft's max_draft_tokens (K+1 when pipelining)
         self.draft = _as_router(draft, "draft") if draft is not None else None
         self.target = _as_router(target, "target")
         self.draft_backoff_s = draft_backoff_s
         self.metrics = metrics if metrics is not None else LoopMetrics()
-        self.executor = ThreadPoolExecutor(max_workers=8, thread_name_prefix="predraft") \
+        # One pre-draft in flight per generation at most: a pool as large as the
+        # generations admitted never makes one generation's pre-draft wait for another's.
+        self.executor = ThreadPoolExecutor(max_workers=max(1, max_concurrency),
+                                           thread_name_prefix="predraft") \
             if policy.pipeline else None
 
     def rounds(self, prompt_ids: Sequence[int], max_new_tokens: int, sampling: SamplingParams,

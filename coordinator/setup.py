@@ -114,7 +114,8 @@ def build_service(cfg: CoordinatorConfig) -> GenerationService:
     eos = [tokenizer.eos_token_id] if tokenizer is not None and \
         tokenizer.eos_token_id is not None else []
     loop = SpeculativeLoop(draft, target, cfg.policy(), draft_backoff_s=cfg.draft_backoff,
-                           max_propose=limits.max_draft_tokens or 1)
+                           max_propose=limits.max_draft_tokens or 1,
+                           max_concurrency=cfg.max_concurrency)
     modes = [name for name, on in (("pipelined", cfg.pipeline), ("adaptive K", cfg.adaptive_k),
                                    ("confidence exit", cfg.confidence_exit)) if on]
     log.info("coordinator loop ready: %d target, %d draft replica(s), model %s, K=%d%s",
