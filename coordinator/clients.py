@@ -179,7 +179,8 @@ class TargetClient(_ModelServiceClient):
         if meter is not None:
             meter.add(req, resp, started)
         result = TargetRound(list(resp.target_probs), list(resp.recovered_tokens),
-                             resp.bonus_token)
+                             resp.bonus_token, resp.pass_sessions, resp.pass_tokens,
+                             resp.pass_seconds)
         return result, resp.cached_len
 
 

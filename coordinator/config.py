@@ -25,6 +25,7 @@ class CoordinatorConfig:
     k: int = P.k
     pipeline: bool = P.pipeline
     adaptive_k: bool = P.adaptive_k
+    load_aware_k: bool = P.load_aware_k
     confidence_exit: bool = P.confidence_exit
     exit_threshold: float = P.exit_threshold
     exit_target_acceptance: float = P.exit_target_acceptance
@@ -85,6 +86,13 @@ def parser() -> argparse.ArgumentParser:
                         "latency (a request's K is the starting point); greedy output is "
                         "unchanged, sampled output then depends on timing "
                         "(default: %(default)s)")
+    p.add_argument("--load-aware-k", action=on_off, default=P.load_aware_k,
+                   help="when a request leaves K to the server, choose K each round from the "
+                        "target's measured batched pass costs, the draft's cost and the "
+                        "acceptance, down to 0 (target-only rounds) when the target is "
+                        "compute-bound, so speculation is never slower than plain decoding "
+                        "under load; greedy output is unchanged, sampled output stays exact "
+                        "in distribution but depends on timing (default: %(default)s)")
     p.add_argument("--confidence-exit", action=on_off, default=P.confidence_exit,
                    help="the draft stops a round early once its probability of its own token "
                         "falls below a threshold that adapts to the generation's acceptance "

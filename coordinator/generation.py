@@ -42,6 +42,7 @@ class Plan:
     sampling: SamplingParams
     k: int
     stop: list[str]
+    k_from_server: bool = False  # the request left K to the server (load-aware K may move it)
 
 
 class GenerationService:
@@ -81,7 +82,8 @@ class GenerationService:
             raise InvalidArgument(
                 f"prompt is {len(ids)} tokens; the model's context is {lim.max_context} "
                 "and leaves no room to generate: shorten the prompt")
-        return Plan(ids, min(req.max_new_tokens, room), sampling, k, list(req.stop))
+        return Plan(ids, min(req.max_new_tokens, room), sampling, k, list(req.stop),
+                    k_from_server=not req.HasField("num_draft_tokens"))
 
     def _prompt_ids(self, req) -> list[int]:
         if req.prompt_token_ids:
@@ -124,7 +126,7 @@ class GenerationService:
                  if self.tokenizer is not None else None)
         text = TextStream(plan.stop)
         rounds = self.loop.rounds(plan.prompt_ids, plan.max_new_tokens, plan.sampling, plan.k,
-                                  self.eos_token_ids, stats)
+                                  self.eos_token_ids, stats, load_aware=plan.k_from_server)
         generated = 0
         reason = "length"
         try:

@@ -27,6 +27,7 @@ import torch
 from coordinator.adaptive import AdaptiveK, ConfidenceExit
 from coordinator.clients import DraftClient, Proposal, TargetClient, WireBytes
 from coordinator.link import DraftLink, TargetLink
+from coordinator.load import LoadAwareK
 from coordinator.policy import DEFAULT_POLICY, LoopPolicy
 from coordinator.predraft import PreDrafts
 from coordinator.record import LoopStats, Recorder, RoundResult
@@ -68,18 +69,25 @@ class SpeculativeLoop:
         self.metrics = metrics if metrics is not None else LoopMetrics()
         # One pre-draft in flight per generation at most: a pool as large as the
         # generations admitted never makes one generation's pre-draft wait for another's.
+        k_max = max_propose - (1 if policy.pipeline else 0)
+        self.load_k = LoadAwareK(k_max, policy.pipeline) \
+            if policy.load_aware_k and draft is not None else None
         self.executor = ThreadPoolExecutor(max_workers=max(1, max_concurrency),
                                            thread_name_prefix="predraft") \
             if policy.pipeline else None
 
     def rounds(self, prompt_ids: Sequence[int], max_new_tokens: int, sampling: SamplingParams,
                num_draft_tokens: int, eos_token_ids: Sequence[int] = (),
-               stats: LoopStats | None = None) -> Iterator[RoundOutput]:
+               stats: LoopStats | None = None, load_aware: bool = False,
+               ) -> Iterator[RoundOutput]:
         """Run a generation round by round. Closing the iterator early (a stop string,
-        a cancelled client) releases both sessions at once."""
+        a cancelled client) releases both sessions at once. `load_aware`: K was left to
+        the server, so the load-aware controller (if on) chooses it each round."""
         k_max = self.max_propose - (1 if self.policy.pipeline else 0)
         adaptive = AdaptiveK(max(1, k_max), num_draft_tokens, self.policy.pipeline) \
             if self.policy.adaptive_k and num_draft_tokens > 0 and self.draft is not None \
+            else None
+        load_k = self.load_k if load_aware and num_draft_tokens > 0 and adaptive is None \
             else None
         gen = Generation(self, list(prompt_ids), sampling,
                          max(num_draft_tokens, k_max if adaptive else 0), stats)
@@ -89,9 +97,16 @@ class SpeculativeLoop:
             while True:
                 remaining = max_new_tokens - gen.generated
                 started = time.perf_counter()
-                k = min(adaptive.k if adaptive else num_draft_tokens, remaining - 1)
-                result = gen.round(k, remaining)
+                k = adaptive.k if adaptive else num_draft_tokens
+                if load_k is not None:
+                    k = load_k.choose(num_draft_tokens)
+                result = gen.round(min(k, remaining - 1), remaining)
                 gen.record.round(result, time.perf_counter() - started)
+                if self.load_k is not None:  # every generation's rounds teach it
+                    self.load_k.observe(result.k, result.decision.num_accepted,
+                                        result.rejected,
+                                        result.propose_s if gen.round_index > 1 else None,
+                                        result.proposed, *result.target_pass)
                 if adaptive is not None and gen.round_index > 1:  # round 1 is mostly prefill
                     adaptive.observe(result.k, result.decision.num_accepted, result.rejected,
                                      result.propose_s, result.verify_s, result.proposed)
@@ -224,7 +239,8 @@ class Generation:
             decision = decide(drafts, q, result, u[:len(drafts)])
             if self.exit is not None:
                 self.exit.observe(len(drafts), decision.num_accepted)
-        return RoundResult(decision, len(drafts), verify_s, propose_s, proposed, exited_early)
+        return RoundResult(decision, len(drafts), verify_s, propose_s, proposed, exited_early,
+                           (result.pass_sessions, result.pass_tokens, result.pass_seconds))
 
     def commit(self, tokens: list[int]) -> None:
         self.committed.extend(tokens)

@@ -1,9 +1,9 @@
 """How the loop runs rounds: the one place that defines the coordinator's defaults.
 
 The defaults are the best loop measured (docs/benchmarks.md): pipelined drafting at
-K = 4, no adaptive K, no confidence exit. `python -m coordinator`, the Serve
-application builder (and so the k8s RayService), `specdec up` and the benchmarks all
-start from `LoopPolicy()`.
+K = 4, load-aware K under concurrency, no adaptive K, no confidence exit.
+`python -m coordinator`, the Serve application builder (and so the k8s RayService),
+`specdec up` and the benchmarks all start from `LoopPolicy()`.
 """
 
 from __future__ import annotations
@@ -17,6 +17,9 @@ class LoopPolicy:
     pipeline: bool = True  # pre-draft round r+1 while round r is verified
     prefill_overlap: bool = True  # pipelined: round 1 overlaps the two prefills
     adaptive_k: bool = False  # choose K per round (coordinator.adaptive.AdaptiveK)
+    # K from the measured batched costs when a request leaves K to the server
+    # (coordinator.load.LoadAwareK): shrinks to 0 when the target is compute-bound.
+    load_aware_k: bool = True
     confidence_exit: bool = False  # the draft stops a round once it is unsure
     exit_threshold: float = 0.3  # the confidence exit's starting threshold
     exit_target_acceptance: float = 0.8  # the acceptance the exit steers towards

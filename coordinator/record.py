@@ -43,6 +43,8 @@ class RoundResult:
     propose_s: float | None = None  # None when the drafts were pre-drafted (or none)
     proposed: int = 0  # tokens that fresh Propose drafted (K, or K+1 when pipelining)
     exited_early: bool = False  # the draft's confidence exit cut the proposal short
+    # The target pass that served the Verify: sessions, tokens, seconds (0s = unknown).
+    target_pass: tuple[int, int, float] = (0, 0, 0.0)
 
     @property
     def rejected(self) -> bool:

@@ -15,7 +15,10 @@ DEFAULT_PORT = 50051
 class DraftConfig(ModelServiceConfig):
     port: int = DEFAULT_PORT
     top_n: int = DEFAULT_TOP_N
-    inference_precision: str = "auto"  # a draft's precision never changes the output
+    # A draft's precision never changes the output, only its speed. f32: on the AMX CPUs
+    # measured (oneDNN capped at AVX-512 BF16), the int8 draft steps in 24.7 ms in f32
+    # against 25.1 ms in bf16 alone, and 37.7 against 63.7 ms for a batch of 8.
+    inference_precision: str = "f32"
 
 
 def parser() -> argparse.ArgumentParser:
@@ -24,7 +27,7 @@ def parser() -> argparse.ArgumentParser:
         description="specdec draft service: proposes K tokens per request, with the exact "
                     "sparse distributions it sampled them from (gRPC specdec.v1.DraftService).",
     )
-    add_model_service_flags(p, DEFAULT_PORT, default_precision="auto")
+    add_model_service_flags(p, DEFAULT_PORT, default_precision="f32")
     p.add_argument("--top-n", type=int, default=DEFAULT_TOP_N,
                    help="size of the sparse q sent per drafted token when a request says 0; "
                         "smaller = fewer bytes, slightly lower acceptance (default: %(default)s)")

@@ -60,6 +60,10 @@ class TargetRound:
     target_probs: list[float]  # p_i(x_i), i = 1..K
     recovered_tokens: list[int]  # a sample of norm(max(0, p_i - q_i)), i = 1..K
     bonus_token: int  # a sample of p_{K+1}
+    # The target's forward pass that computed it: sessions, tokens, seconds (0 = unknown).
+    pass_sessions: int = 0
+    pass_tokens: int = 0
+    pass_seconds: float = 0.0
 
 
 @dataclass(frozen=True)

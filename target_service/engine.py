@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from specdec.errors import Cancelled, require
+from specdec.runtime.batching import Pass
 from specdec.runtime.cached_model import CachedModel, ServiceInfo
 from specdec.sampling import SamplingParams, generator, process_logits
 from specdec.sync import SyncRequest
@@ -35,6 +36,7 @@ class VerifyArgs(SyncRequest):
 class VerifyResult:
     round: TargetRound
     cached_len: int
+    ran_in: Pass | None = None  # the forward pass that served it
 
 
 class TargetEngine:
@@ -106,12 +108,13 @@ class TargetEngine:
                 logits = None  # nothing was fed: the session is put back as kept
         if logits is None:
             raise Cancelled("the client called this request off")
+        ran_in = s.last_pass
         if args.sampling.greedy:
             result = greedy_round(logits, drafts)
         else:
             p = process_logits(logits, args.sampling)
             result = target_round(p, drafts, draft_q, generator(args.round_seed, "verify"))
-        return VerifyResult(result, s.cached_len)
+        return VerifyResult(result, s.cached_len, ran_in)
 
     def release(self, session_id: str) -> bool:
         return self.model.release(session_id)

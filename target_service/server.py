@@ -27,11 +27,15 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
         )
         result = self.engine.verify(args, busy_wait_s(context),
                                     cancelled=lambda: not context.is_active())
-        r = result.round
-        return target_pb2.VerifyResponse(
+        r, ran_in = result.round, result.ran_in
+        response = target_pb2.VerifyResponse(
             target_probs=r.target_probs, recovered_tokens=r.recovered_tokens,
             bonus_token=r.bonus_token, cached_len=result.cached_len,
         )
+        if ran_in is not None:
+            response.pass_sessions, response.pass_tokens = ran_in.sessions, ran_in.tokens
+            response.pass_seconds = ran_in.seconds
+        return response
 
     def Release(self, request, context):
         return common_pb2.ReleaseResponse(released=self.engine.release(request.session_id))

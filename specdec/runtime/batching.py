@@ -54,6 +54,16 @@ def _never() -> bool:
 
 
 @dataclass
+class Pass:
+    """What one forward pass held (for metrics and tests)."""
+
+    sessions: int
+    tokens: int
+    seconds: float
+    queue_wait_s: list[float]
+
+
+@dataclass
 class Step:
     owner: object  # the session; one step per session at a time (check-out rule)
     item: Item
@@ -63,20 +73,12 @@ class Step:
     done: threading.Event = field(default_factory=threading.Event)
     logits: torch.Tensor | None = None
     error: BaseException | None = None
+    ran_in: Pass | None = None
 
-    def finish(self, logits: torch.Tensor | None = None, error: BaseException | None = None):
-        self.logits, self.error = logits, error
+    def finish(self, logits: torch.Tensor | None = None, error: BaseException | None = None,
+               ran_in: Pass | None = None):
+        self.logits, self.error, self.ran_in = logits, error, ran_in
         self.done.set()
-
-
-@dataclass
-class Pass:
-    """What one forward pass held (for metrics and tests)."""
-
-    sessions: int
-    tokens: int
-    seconds: float
-    queue_wait_s: list[float]
 
 
 class Scheduler:
@@ -108,6 +110,11 @@ class Scheduler:
     def run(self, owner: object, item: Item, more: bool = False,
             cancelled: Callable[[], bool] = _never) -> torch.Tensor:
         """Queue one step and wait for its logits (or raise its own error)."""
+        return self.run_step(owner, item, more, cancelled)[0]
+
+    def run_step(self, owner: object, item: Item, more: bool = False,
+                 cancelled: Callable[[], bool] = _never) -> tuple[torch.Tensor, Pass]:
+        """`run`, also returning the pass the step ran in."""
         step = Step(owner, item, more, cancelled)
         with self._cond:
             if self._closed:
@@ -120,7 +127,7 @@ class Scheduler:
         step.done.wait()
         if step.error is not None:
             raise step.error
-        return step.logits
+        return step.logits, step.ran_in
 
     def leave(self, owner: object) -> None:
         """`owner` will not submit the step it announced with more=True."""
@@ -208,8 +215,9 @@ class Scheduler:
             self._last_pass_s = seconds
             self._expected = {id(s.owner): end for s in batch if s.more}
             self._returning = dict(self._expected)
+        done = Pass(len(batch), sum(len(s.item[1]) for s in batch), seconds,
+                    [start - s.queued_at for s in batch])
         for step, logits in zip(batch, results, strict=True):
-            step.finish(logits)
+            step.finish(logits, ran_in=done)
         if self.on_pass is not None:
-            self.on_pass(Pass(len(batch), sum(len(s.item[1]) for s in batch), seconds,
-                              [start - s.queued_at for s in batch]))
+            self.on_pass(done)

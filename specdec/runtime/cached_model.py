@@ -107,7 +107,8 @@ class CachedModel:
     def _feed(self, session: Session, tokens: list[int], keep_last: int, more: bool,
               cancelled) -> torch.Tensor:
         kwargs = {"cancelled": cancelled} if cancelled is not None else {}
-        logits = self.scheduler.run(session, (session.cache, tokens, keep_last), more, **kwargs)
+        logits, session.last_pass = self.scheduler.run_step(
+            session, (session.cache, tokens, keep_last), more, **kwargs)
         session.append(tokens)
         return logits
 

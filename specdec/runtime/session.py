@@ -33,6 +33,7 @@ class Session:
     # The cached token ids and the digest of every prefix of them (specdec.digest).
     held: TokenPrefix = field(default_factory=TokenPrefix)
     last_used: float = 0.0
+    last_pass: Any = None  # the scheduler's record of the pass that fed it last
 
     @property
     def tokens(self) -> list[int]:

@@ -43,7 +43,10 @@ def generator(draft_server, target_server):
     from coordinator.config import CoordinatorConfig
     from coordinator.setup import build_service
 
-    service = build_service(CoordinatorConfig(draft=draft_server[0], target=target_server[0]))
+    # Load-aware K off: on the tiny models a draft costs as much as the target, so the
+    # controller rightly picks K = 0; this test checks the driver sees the default K.
+    service = build_service(CoordinatorConfig(draft=draft_server[0], target=target_server[0],
+                                              load_aware_k=False))
     server = grpc.server(ThreadPoolExecutor(8))
     generate_pb2_grpc.add_GeneratorServicer_to_server(_Generator(service), server)
     port = server.add_insecure_port("127.0.0.1:0")

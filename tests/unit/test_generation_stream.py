@@ -230,7 +230,7 @@ def test_loop_error_frees_the_slot(tok):
         pass
 
     class FailingLoop(FakeLoop):
-        def rounds(self, *args):
+        def rounds(self, *args, **kwargs):
             yield from super().rounds(*args)
             raise Boom()
 
