@@ -40,6 +40,7 @@ class Proposal:
     dists: list[common_pb2.SparseDist]  # kept as protobuf: forwarded to Verify untouched
     cached_len: int
     requested: int = 0  # num_tokens asked for; more than len(tokens) after a confidence exit
+    step_seconds: float = 0.0  # the draft's mean pass duration for this Propose (0 = unknown)
 
     @property
     def exited_early(self) -> bool:
@@ -156,7 +157,8 @@ class DraftClient(_ModelServiceClient):
         self.bytes.add(req, resp, started)
         if meter is not None:
             meter.add(req, resp, started)
-        return Proposal(list(resp.tokens), list(resp.dists), resp.cached_len, num_tokens)
+        return Proposal(list(resp.tokens), list(resp.dists), resp.cached_len, num_tokens,
+                        resp.step_seconds)
 
 
 class TargetClient(_ModelServiceClient):

@@ -44,6 +44,10 @@ PROBE_EVERY = 16  # rounds at K = 0 drafted anyway now and then, to keep a and d
 # Below this many sessions per target pass the default K stands: it is the measured best
 # for one stream (docs/benchmarks.md), and the model's pipelined cost is only rough.
 LOADED_SESSIONS = 1.5
+# Leave the default K only for a predicted gain of more than this: measured through the
+# system, K=1 loses to both K=0 and K=4 at 8 and 32 streams although the model ranks it
+# close to K=4 (docs/benchmarks.md, load).
+MARGIN = 0.10
 
 
 @dataclass
@@ -88,8 +92,10 @@ class LoadAwareK:
 
     def observe(self, k: int, accepted: int, rejected: bool, propose_s: float | None,
                 proposed: int, pass_sessions: int, pass_tokens: int,
-                pass_seconds: float) -> None:
-        """One round of any generation of this coordinator."""
+                pass_seconds: float, draft_step_s: float = 0.0) -> None:
+        """One round of any generation of this coordinator. `draft_step_s`: the draft's
+        own mean pass duration for the drafts (preferred: it holds for pre-drafts too and
+        excludes waiting); else the fresh Propose's latency per token."""
         with self._lock:
             self.rounds += 1
             self.passes.add(pass_sessions, pass_tokens, pass_seconds)
@@ -97,7 +103,9 @@ class LoadAwareK:
             trials = accepted + (1 if rejected else 0)
             if k > 0 and trials:
                 self.alpha = ema(self.alpha, accepted / trials, keep)
-            if propose_s is not None and proposed > 0:
+            if draft_step_s > 0:
+                self.draft_s_per_token = ema(self.draft_s_per_token, draft_step_s, keep)
+            elif propose_s is not None and proposed > 0:
                 self.draft_s_per_token = ema(self.draft_s_per_token, propose_s / proposed,
                                              keep)
 
@@ -109,7 +117,10 @@ class LoadAwareK:
             if fit is None or self.alpha is None or self.draft_s_per_token is None \
                     or fit[2] < LOADED_SESSIONS:
                 return k_default
-            best = self.best(min(k_default, self.k_max), *fit)
+            k_default = min(k_default, self.k_max)
+            best = self.best(k_default, *fit)
+            if self.goodput(best, *fit) < (1 + MARGIN) * self.goodput(k_default, *fit):
+                best = k_default  # the model is rough: move only for a clear gain
             if best == 0:
                 self.zeros += 1
                 if self.zeros % PROBE_EVERY == 0:

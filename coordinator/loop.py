@@ -106,7 +106,8 @@ class SpeculativeLoop:
                     self.load_k.observe(result.k, result.decision.num_accepted,
                                         result.rejected,
                                         result.propose_s if gen.round_index > 1 else None,
-                                        result.proposed, *result.target_pass)
+                                        result.proposed, *result.target_pass,
+                                        draft_step_s=result.draft_step_s)
                 if adaptive is not None and gen.round_index > 1:  # round 1 is mostly prefill
                     adaptive.observe(result.k, result.decision.num_accepted, result.rejected,
                                      result.propose_s, result.verify_s, result.proposed)
@@ -193,7 +194,7 @@ class Generation:
         max_propose = self.loop.max_propose
         pipelining = self.predrafts is not None and 0 < k < max_propose
         proposal = self.predrafts.take(committed, k) if self.predrafts is not None else None
-        propose_s, proposed = None, 0
+        propose_s, proposed, draft_step_s = None, 0, 0.0
         if pipelining and self.round_index == 1 and remaining >= 3 and \
                 self.policy.prefill_overlap and max_propose >= 3 and self.draft.ready():
             # Overlap the two prefills: the target decodes the first token alone while the
@@ -217,6 +218,7 @@ class Generation:
             guess_last = pipelining and not exited_early
             n = min(k, len(proposal.tokens) - (1 if guess_last else 0))
             guess = proposal.tokens[n] if guess_last and len(proposal.tokens) > n else None
+            draft_step_s = proposal.step_seconds
             drafts = Proposal(proposal.tokens[:n], proposal.dists[:n], proposal.cached_len)
             proposal = drafts if n else None  # none left: a target-only round
             # Assume all n drafts are accepted and the bonus equals the guess: draft the
@@ -240,7 +242,8 @@ class Generation:
             if self.exit is not None:
                 self.exit.observe(len(drafts), decision.num_accepted)
         return RoundResult(decision, len(drafts), verify_s, propose_s, proposed, exited_early,
-                           (result.pass_sessions, result.pass_tokens, result.pass_seconds))
+                           (result.pass_sessions, result.pass_tokens, result.pass_seconds),
+                           draft_step_s)
 
     def commit(self, tokens: list[int]) -> None:
         self.committed.extend(tokens)

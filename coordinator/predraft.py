@@ -101,7 +101,8 @@ class PreDrafts:
             useful = pre.assumed + proposal.tokens[:pre.lead] == committed and \
                 len(proposal.tokens) > pre.lead
             proposal = Proposal(proposal.tokens[pre.lead:], proposal.dists[pre.lead:],
-                                proposal.cached_len, proposal.requested - pre.lead)
+                                proposal.cached_len, proposal.requested - pre.lead,
+                                proposal.step_seconds)
         self.record.predraft(useful)
         return proposal if useful else None
 

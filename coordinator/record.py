@@ -45,6 +45,7 @@ class RoundResult:
     exited_early: bool = False  # the draft's confidence exit cut the proposal short
     # The target pass that served the Verify: sessions, tokens, seconds (0s = unknown).
     target_pass: tuple[int, int, float] = (0, 0, 0.0)
+    draft_step_s: float = 0.0  # the draft's mean pass duration for these drafts (0 = unknown)
 
     @property
     def rejected(self) -> bool:
@@ -68,7 +69,7 @@ class Recorder:
         s = self.stats
         s.rounds += 1
         s.k_per_round.append(result.k)
-        self.metrics.round(seconds)
+        self.metrics.round(seconds, result.k)
         if result.exited_early:
             s.confidence_exits += 1
             self.metrics.confidence_exit()

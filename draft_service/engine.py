@@ -42,6 +42,7 @@ class ProposeResult:
     tokens: list[int]
     dists: list[SparseQ]  # empty when greedy
     cached_len: int
+    step_seconds: float = 0.0  # mean duration of the passes its steps ran in
 
 
 class DraftEngine:
@@ -93,6 +94,7 @@ class DraftEngine:
                 # Steps run in lockstep with other sessions' (specdec.runtime.batching):
                 # `more` says this session's next step follows at once.
                 logits = self.model.sync(s, args, keep_last=1, more=k > 1)[0]
+                passes = [s.last_pass.seconds]
                 for i in range(k):
                     if params.greedy:
                         x = argmax(logits[None])[0]
@@ -107,9 +109,12 @@ class DraftEngine:
                     if i + 1 == k or confidence < args.exit_below or cancelled():
                         break  # x is returned but not fed: the cache ends before it
                     logits = self.model.step(s, x, more=i + 2 < k)
+                    passes.append(s.last_pass.seconds)
             finally:
                 self.model.done_stepping(s)
-        return ProposeResult(tokens, dists, s.cached_len)
+        # The first pass may be a prefill; the steps after it say what a token costs.
+        steps = passes[1:] or passes
+        return ProposeResult(tokens, dists, s.cached_len, sum(steps) / len(steps))
 
     def release(self, session_id: str) -> bool:
         return self.model.release(session_id)

@@ -27,7 +27,7 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
         ), cancelled=lambda: not context.is_active(), busy_wait_s=busy_wait_s(context))
         return draft_pb2.ProposeResponse(
             tokens=result.tokens, dists=[wire.dist_to_proto(q) for q in result.dists],
-            cached_len=result.cached_len,
+            cached_len=result.cached_len, step_seconds=result.step_seconds,
         )
 
     def Release(self, request, context):

@@ -31,6 +31,8 @@ Coordinator (one registry per Serve replica):
   specdec_spec_decode_num_accepted_tokens_total             counter  drafts accepted
   specdec_spec_decode_num_accepted_tokens_per_pos_total{position}  counter (0-based)
   specdec_coordinator_round_duration_seconds                histogram  one round
+  specdec_coordinator_round_draft_tokens                    histogram  K per round (the
+                                                      K load-aware K chose; 0 = target only)
   specdec_coordinator_rpc_duration_seconds{rpc}             histogram  rpc=propose|verify,
                                                                        every attempt
   specdec_coordinator_active_generations                    gauge
@@ -61,6 +63,7 @@ log = logging.getLogger(__name__)
 LATENCY_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0)
 ROUND_BUCKETS = LATENCY_BUCKETS + (5.0,)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+K_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 12, 16)
 TOKEN_BUCKETS = (1, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
 PORT_TRIES = 8  # a coordinator replica tries port, port+1, ..., port+7
 
@@ -218,7 +221,7 @@ class LoopMetrics:
 
     def generation_started(self) -> None: ...
     def generation_finished(self) -> None: ...
-    def round(self, seconds: float) -> None: ...
+    def round(self, seconds: float, k: int = 0) -> None: ...
     def rpc(self, rpc: str, seconds: float) -> None: ...
     def drafted(self, num_draft: int, num_accepted: int) -> None: ...
     def generated(self, tokens: int) -> None: ...
@@ -252,6 +255,10 @@ class PrometheusLoopMetrics(_Exporter, LoopMetrics):
             "specdec_coordinator_round_duration_seconds",
             "Duration of one round (propose, verify, decide).", buckets=ROUND_BUCKETS,
             registry=r)
+        self.round_k = Histogram(
+            "specdec_coordinator_round_draft_tokens",
+            "Drafts verified per round: the K chosen (load-aware K shrinks it under load; "
+            "0 = a target-only round).", buckets=K_BUCKETS, registry=r)
         self.rpc_seconds = Histogram(
             "specdec_coordinator_rpc_duration_seconds",
             "Duration of one Propose or Verify attempt, as the coordinator sees it.",
@@ -290,8 +297,9 @@ class PrometheusLoopMetrics(_Exporter, LoopMetrics):
     def generation_finished(self) -> None:
         self.active.dec()
 
-    def round(self, seconds: float) -> None:
+    def round(self, seconds: float, k: int = 0) -> None:
         self.round_seconds.observe(seconds)
+        self.round_k.observe(k)
 
     def rpc(self, rpc: str, seconds: float) -> None:
         self.rpc_seconds.labels(rpc).observe(seconds)

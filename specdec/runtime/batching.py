@@ -7,13 +7,15 @@ first, up to a budget of tokens (`max_batch_tokens`; a step larger than the budg
 alone), into the next pass: continuous batching as vLLM (Kwon et al. 2023) and TGI do
 it, with no fixed window. Sessions join and leave between passes.
 
-Keeping sessions together. A step submitted with `more=True` says the same session will
-very likely send its next step right after this one's result: the next token of a
-Propose (certain), or the next Verify of a generation whose coordinator turns the round
-around in a few milliseconds (likely). Before the next pass, the scheduler waits for
-those sessions to come back, but only as long as they have been measured to take
-(twice the 90th percentile of recent return gaps), never more than half the last pass's
-duration or `max_wait_s`, and not at all once a budget's worth of tokens is queued.
+Keeping sessions together. A step submitted with `more=True` says the same session may
+send its next step soon after this one's result: the next token of a Propose (certain),
+or the next Verify of a generation (soon when its coordinator runs target-only rounds;
+a draft's Propose later otherwise). The scheduler measures each session's return gap
+(result to next step). Before the next pass it waits for the sessions of the last pass
+whose last gap was short (at most a quarter of the last pass; unknown counts as short),
+never longer than half the last pass or `max_wait_s`, and not at all once a budget's
+worth of tokens is queued. Sessions that come back late are not waited for, so a
+Verify never sits out a pass for a generation that is still drafting.
 Without this, sessions that finish a pass together split into two half-size groups that
 alternate (each returns while the other's pass runs), halving what every pass does.
 A session that will not come back says so (`leave`). `linger_s` (default 0) optionally
@@ -30,7 +32,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,7 +47,8 @@ Item = tuple[Any, list[int], int]
 
 DEFAULT_MAX_BATCH_TOKENS = 2048
 DEFAULT_MAX_WAIT_S = 0.05
-GAP_SAMPLES = 128
+FAST_RETURN = 0.25  # a return gap up to this fraction of the last pass is waited for
+MAX_TRACKED = 4096  # return gaps remembered (sessions), oldest forgotten first
 
 
 def _never() -> bool:
@@ -93,12 +95,12 @@ class Scheduler:
         self.linger_s, self.max_wait_s = linger_s, max_wait_s
         self.on_pass = on_pass
         self._queue: list[Step] = []
-        # Sessions of the last pass said to come back: waited for before the next pass
-        # (id(owner) -> when its step finished); `_returning` keeps them for measuring
-        # the return gap until the following pass ends, also when they come back late.
-        self._expected: dict[int, float] = {}
+        # Sessions of the last pass waited for before the next pass; `_returning`: when
+        # each session said to come back got its result (id(owner) -> time), kept until
+        # it returns, to measure its gap; `_gaps`: each session's last gap.
+        self._expected: set[int] = set()
         self._returning: dict[int, float] = {}
-        self._gaps: deque[float] = deque(maxlen=GAP_SAMPLES)  # finish -> next submit
+        self._gaps: dict[int, float] = {}
         self._last_pass_s = 0.0
         self._cond = threading.Condition()
         self._closed = False
@@ -121,7 +123,10 @@ class Scheduler:
                 raise RuntimeError("the scheduler is closed")
             finished = self._returning.pop(id(owner), None)
             if finished is not None:
-                self._gaps.append(time.perf_counter() - finished)
+                self._gaps.pop(id(owner), None)
+                self._gaps[id(owner)] = time.perf_counter() - finished
+                while len(self._gaps) > MAX_TRACKED:
+                    del self._gaps[next(iter(self._gaps))]
             self._queue.append(step)
             self._cond.notify_all()
         step.done.wait()
@@ -133,7 +138,9 @@ class Scheduler:
         """`owner` will not submit the step it announced with more=True."""
         with self._cond:
             self._returning.pop(id(owner), None)
-            if self._expected.pop(id(owner), None) is not None:
+            self._gaps.pop(id(owner), None)
+            if id(owner) in self._expected:
+                self._expected.discard(id(owner))
                 self._cond.notify_all()
 
     def close(self) -> None:
@@ -171,13 +178,7 @@ class Scheduler:
 
     def _wait_bound(self) -> float:
         """How long to wait for the sessions expected back (see the module's notes)."""
-        if not self._expected:
-            return 0.0
-        cap = min(self.max_wait_s, 0.5 * self._last_pass_s)
-        if len(self._gaps) < 8:
-            return cap
-        gaps = sorted(self._gaps)
-        return min(cap, 2 * gaps[int(0.9 * (len(gaps) - 1))])
+        return min(self.max_wait_s, 0.5 * self._last_pass_s) if self._expected else 0.0
 
     def _missing(self) -> bool:
         if sum(len(s.item[1]) for s in self._queue) >= self.max_batch_tokens:
@@ -213,8 +214,15 @@ class Scheduler:
         seconds = end - start
         with self._cond:
             self._last_pass_s = seconds
-            self._expected = {id(s.owner): end for s in batch if s.more}
-            self._returning = dict(self._expected)
+            fast = FAST_RETURN * seconds
+            for step in batch:
+                if step.more:
+                    key = id(step.owner)
+                    self._returning[key] = end
+                    if self._gaps.get(key, 0.0) <= fast:
+                        self._expected.add(key)
+            while len(self._returning) > MAX_TRACKED:
+                del self._returning[next(iter(self._returning))]
         done = Pass(len(batch), sum(len(s.item[1]) for s in batch), seconds,
                     [start - s.queued_at for s in batch])
         for step, logits in zip(batch, results, strict=True):

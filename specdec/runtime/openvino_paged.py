@@ -14,7 +14,9 @@ ragged, with no padding:
   block_indices(_begins)    every session's block table, concatenated (+ offsets)
   max_context_len           the longest session after this pass
 
-and returns logits for every fed position ([tokens, 1, V]). Rolling back is setting a
+and returns logits for the positions asked for (`logits_indices`, a Gather we insert
+before the LM head: a prefill then computes one row of the 49k-wide head, not one per
+prompt token; 19% of a 100-token prefill on SmolLM2-135M). Rolling back is setting a
 shorter length: no gather, no compaction, and the next tokens overwrite the dead
 entries. Each session's attention reads only its own blocks, so a session's logits do
 not depend on which others share the pass beyond float rounding in the shared matmuls
@@ -52,6 +54,24 @@ def _kv_matching_compute(core, device: str, config: dict) -> dict:
     return config
 
 
+def _gather_before_lm_head(model) -> bool:
+    """Feed the LM head only the rows named by a new `logits_indices` input; False (all
+    rows are computed) when the logits do not come straight from one MatMul."""
+    import openvino as ov
+    import openvino.opset13 as ops
+
+    head = model.output("logits").get_node().input_value(0).get_node()
+    if head.get_type_name() != "MatMul":
+        log.info("logits do not come from a MatMul; the LM head runs on every token")
+        return False
+    indices = ops.parameter([-1], ov.Type.i64, name="logits_indices")
+    indices.output(0).get_tensor().set_names({"logits_indices"})
+    head.input(0).replace_source_output(ops.gather(head.input_value(0), indices, 0).output(0))
+    model.add_parameters([indices])
+    model.validate_nodes_and_infer_types()
+    return True
+
+
 class PagedOpenVINOBackend(OpenVINOBackend):
     kv_layout = "paged"
 
@@ -65,6 +85,7 @@ class PagedOpenVINOBackend(OpenVINOBackend):
 
         model = core.read_model(str(xml))
         paged_attention_transformation(model)
+        self._gathers = _gather_before_lm_head(model)
         compiled = core.compile_model(model, device, _kv_matching_compute(core, device, config))
         self._request = compiled.create_infer_request()
         self._cache_inputs = [i.get_any_name() for i in compiled.inputs
@@ -138,7 +159,13 @@ class PagedOpenVINOBackend(OpenVINOBackend):
             blocks.extend(cache.blocks)
             block_begins.append(len(blocks))
         longest = max(c.length + len(t) for c, t, _ in items)
+        inputs = {}
+        if self._gathers:
+            rows = [i for (_, _, keep), end in zip(items, begins[1:], strict=True)
+                    for i in range(end - keep, end)]
+            inputs["logits_indices"] = np.asarray(rows, dtype=np.int64)
         self._request.infer({
+            **inputs,
             "input_ids": np.asarray(ids, dtype=np.int64),
             "position_ids": np.asarray(positions, dtype=np.int64),
             "past_lens": np.asarray(past, dtype=np.int32),
@@ -147,10 +174,12 @@ class PagedOpenVINOBackend(OpenVINOBackend):
             "block_indices_begins": np.asarray(block_begins, dtype=np.int32),
             "max_context_len": np.asarray(longest, dtype=np.int32),
         })
-        logits = self._request.get_tensor("logits").data  # [tokens, 1, V]
-        out = []
+        logits = self._request.get_tensor("logits").data  # [rows, 1, V]
+        out, row = [], 0
         for (cache, tokens, keep_last), end in zip(items, begins[1:], strict=True):
-            out.append(torch.from_numpy(np.array(logits[end - keep_last:end, 0],
+            first = row if self._gathers else end - keep_last
+            out.append(torch.from_numpy(np.array(logits[first:first + keep_last, 0],
                                                   dtype=np.float32)))
+            row += keep_last
             cache.length += len(tokens)
         return out

@@ -36,7 +36,14 @@ def test_greedy_speculative_equals_target_only(loop, prompt, k):
 
 
 def test_sessions_are_released(loop, draft_server, target_server):
+    import time
+
     loop.generate([9, 8, 7], 12, GREEDY, num_draft_tokens=3)
+    # A called-off pre-draft still finishing its step frees its session when it returns
+    # (SessionStore.release on a busy session): give it that moment, no more.
+    deadline = time.monotonic() + 5
+    while len(draft_server[1].model.store) and time.monotonic() < deadline:
+        time.sleep(0.01)
     assert len(draft_server[1].model.store) == 0
     assert len(target_server[1].model.store) == 0
 

@@ -134,6 +134,8 @@ def test_a_generation_moves_every_endpoint_consistently(services, monkeypatch):
     assert not c.after.has("specdec_spec_decode_num_accepted_tokens_per_pos_total",
                            position=str(K))
     assert c("specdec_coordinator_round_duration_seconds_count") == stats.rounds
+    assert c("specdec_coordinator_round_draft_tokens_count") == stats.rounds
+    assert c("specdec_coordinator_round_draft_tokens_sum") == stats.drafted_tokens
     assert 0 < c("specdec_coordinator_round_duration_seconds_sum") <= stats.seconds
     assert c("specdec_coordinator_rpc_duration_seconds_count", rpc="propose") \
         == len(draft.fed) == len(draft.bytes.recent)
