@@ -47,7 +47,7 @@ LOADED_SESSIONS = 1.5
 # Leave the default K only for a predicted gain of more than this: measured through the
 # system, K=1 loses to both K=0 and K=4 at 8 and 32 streams although the model ranks it
 # close to K=4 (docs/benchmarks.md, load).
-MARGIN = 0.10
+MARGIN = 0.25
 
 
 @dataclass

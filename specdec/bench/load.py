@@ -176,7 +176,7 @@ def run_levels(scenarios: Sequence, levels: Sequence[int], load_for: Callable[[i
 
 def run(args: argparse.Namespace) -> int:
     from specdec import stack
-    from specdec.bench import load_peers, load_report
+    from specdec.bench import drain, load_peers, load_report
     from specdec.bench import prompts as bench_prompts
     from specdec.bench.cli import _list, machine
     from specdec.client_cli import stack_config
@@ -215,12 +215,23 @@ def run(args: argparse.Namespace) -> int:
             irs = dict(hf=str(hf), target_ir=str(export(hf, "fp32", say=say)),
                        draft_ir=str(export(hf, "int8", say=say)))
         cpus = placement(cfg.pin)
+        ports: dict[str, int] = {}
+        if not args.address:
+            pair, ports = drain.with_metrics_ports(cfg.pair)
+            cfg.pair = pair
         if args.address:
             address = args.address
             meta["coordinator"] = f"given: {address}"
         else:
             say("== starting target, draft and coordinator (as `specdec up`)")
-            address = stack.start(cfg, es, echo=args.verbose).address
+            running = stack.start(cfg, es, echo=args.verbose)
+            address = running.address
+            processes = {name: p.proc.pid for name, p in (
+                ("target", running.target), ("draft", running.draft),
+                ("coordinator", running.coordinator)) if p is not None}
+            if running.draft is None:
+                ports.pop("draft")
+            rss_start = drain.rss_of(processes)
             meta.update(coordinator=f"started here: default K={cfg.k}, "
                                     f"{'pipelined' if cfg.pipeline else 'sequential'} rounds",
                         target_args=cfg.pair.target.args(0, cpus["target"]),
@@ -240,6 +251,9 @@ def run(args: argparse.Namespace) -> int:
             finally:
                 for peer in peers:
                     peer.close()
+        if not args.address:  # the stack is still up: did every session go?
+            meta["drain"] = drain.check(ports, processes, rss_start)
+            say(" ".join(drain.lines(meta["drain"])))
     meta["peer_setups"] = {k: load_peers.SETUPS[k].label for k in setups}
     meta["peer_config"] = load_peers.CONFIG if setups else None
     rows = load_report.summarise(windows, greedy)

@@ -16,6 +16,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from specdec.bench import drain
 from specdec.bench.harness import Sample
 from specdec.bench.report import _fmt, _save, write_json
 from specdec.sampling import SamplingParams
@@ -253,6 +254,7 @@ def markdown(rows: list[LoadRow], meta: dict) -> str:
     out += [f"Peers: {meta['peer_config']}."] if meta.get("peer_config") else []
     out += [f"Peer set-up {k}: {v}" for k, v in (meta.get("peer_setups") or {}).items()]
     out += [f"Failed and skipped: {k}: {v}" for k, v in (meta.get("failed") or {}).items()]
+    out += drain.lines(meta.get("drain"))
     return "\n".join(out) + "\n"
 
 

@@ -1,0 +1,76 @@
+"""After a load run on a stack started here: did every session go, and how did RSS grow?
+
+The model services get a metrics port each (`--metrics-port`), so their live-session
+gauges (SessionStoreCollector) can be read; RSS comes from /proc. `check` waits (a
+little) for both services' live sessions to reach 0, the state a finished run must
+leave, and reports RSS at the start and at the end of the run for every process.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+import urllib.request
+from pathlib import Path
+
+from specdec.pair import Pair
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def with_metrics_ports(pair: Pair) -> tuple[Pair, dict[str, int]]:
+    """The pair with a free metrics port added to each service's flags."""
+    ports = {"target": free_port(), "draft": free_port()}
+    return Pair(pair.name,
+                pair.target.with_(extra=pair.target.extra + ("--metrics-port",
+                                                            str(ports["target"]))),
+                pair.draft.with_(extra=pair.draft.extra + ("--metrics-port",
+                                                          str(ports["draft"])))), ports
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def live_sessions(port: int, role: str) -> float:
+    name = f"specdec_{role}_live_sessions"
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read()
+    for line in text.decode().splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise KeyError(f"{name} not reported on port {port}")
+
+
+def rss_of(processes: dict[str, int]) -> dict[str, float]:
+    return {role: round(rss_mb(pid), 1) for role, pid in processes.items()}
+
+
+def check(ports: dict[str, int], processes: dict[str, int], rss_start: dict[str, float],
+          wait_s: float = 15.0) -> dict:
+    """Live sessions per service once they drained (or after `wait_s`), and RSS."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        live = {role: live_sessions(port, role) for role, port in ports.items()}
+        if not any(live.values()) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    end = rss_of(processes)
+    return {"live_sessions_after": live,
+            "rss_mb": {role: [rss_start.get(role), end[role]] for role in end}}
+
+
+def lines(drain: dict | None) -> list[str]:
+    """Markdown lines for the report."""
+    if not drain:
+        return []
+    live = ", ".join(f"{r} {int(v)}" for r, v in drain["live_sessions_after"].items())
+    rss = ", ".join(f"{r} {a:.0f} -> {b:.0f} MB (+{b - a:.0f})"
+                    for r, (a, b) in drain["rss_mb"].items())
+    return [f"Live sessions after the run: {live}.", f"RSS from start to end: {rss}."]
