@@ -100,9 +100,10 @@ class TargetEngine:
                 self.model.store.use(args.session_id, args.keep_len, args.keep_digest,
                                      needed, busy_wait_s=busy_wait_s) as s:
             try:
-                # more=True: the generation's next Verify usually follows within a few
-                # milliseconds; the scheduler keeps it in the same pass as its peers.
-                logits = self.model.sync(s, args, keep_last=k + 1, more=True,
+                # A target-only round's next Verify follows within milliseconds (the
+                # coordinator needs nothing else first), so the scheduler may keep it in
+                # the same pass as its peers; a speculative round's waits on the draft.
+                logits = self.model.sync(s, args, keep_last=k + 1, more=k == 0,
                                          cancelled=cancelled)
             except Cancelled:
                 logits = None  # nothing was fed: the session is put back as kept

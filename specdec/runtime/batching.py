@@ -9,8 +9,8 @@ it, with no fixed window. Sessions join and leave between passes.
 
 Keeping sessions together. A step submitted with `more=True` says the same session may
 send its next step soon after this one's result: the next token of a Propose (certain),
-or the next Verify of a generation (soon when its coordinator runs target-only rounds;
-a draft's Propose later otherwise). The scheduler measures each session's return gap
+or the next Verify of a target-only round (a speculative round's next Verify waits on
+the draft, so it does not say so). The scheduler measures each session's return gap
 (result to next step). Before the next pass it waits for the sessions of the last pass
 whose last gap was short (at most a quarter of the last pass; unknown counts as short),
 never longer than half the last pass or `max_wait_s`, and not at all once a budget's
@@ -188,14 +188,20 @@ class Scheduler:
 
     def _serve(self) -> None:
         while (batch := self._take()) is not None:
-            live = []
-            for step in batch:
-                if step.cancelled():
-                    step.finish(error=Cancelled("the client called this request off"))
-                else:
-                    live.append(step)
-            if live:
-                self._run(live)
+            try:
+                live = []
+                for step in batch:
+                    if step.cancelled():
+                        step.finish(error=Cancelled("the client called this request off"))
+                    else:
+                        live.append(step)
+                if live:
+                    self._run(live)
+            except Exception as exc:  # noqa: BLE001 - the thread must outlive any step
+                log.exception("scheduler pass failed outside the model")
+                for step in batch:
+                    if not step.done.is_set():
+                        step.finish(error=exc)
 
     def _run(self, batch: list[Step]) -> None:
         start = time.perf_counter()
@@ -228,4 +234,7 @@ class Scheduler:
         for step, logits in zip(batch, results, strict=True):
             step.finish(logits, ran_in=done)
         if self.on_pass is not None:
-            self.on_pass(done)
+            try:
+                self.on_pass(done)
+            except Exception:  # noqa: BLE001 - metrics must never stop the model
+                log.exception("on_pass callback failed")
