@@ -255,6 +255,25 @@ def test_a_bad_step_in_a_batch_fails_alone(make):
     later.assert_own_logits()
 
 
+def test_after_a_retried_batch_every_returning_session_is_waited_for(make):
+    """Each retry runs one step; the sessions that said more=True in all of them (not only
+    the last retried) are the ones the next pass waits for."""
+    fake = FakeModel(bad="bad")
+    sched = make(fake)
+    first = start_held(sched, fake)
+    owners = {label: Owner(label) for label in ("good1", "bad", "good2")}
+    callers = [Caller(sched, owners[label], label, more=label != "bad").start(sched, i + 1)
+               for i, label in enumerate(owners)]
+    fake.release.set()
+    first.assert_own_logits()
+    callers[0].assert_own_logits()
+    callers[2].assert_own_logits()
+    assert isinstance(callers[1].failure(), ValueError)
+    wait_until(lambda: len(fake.passes) == 5)
+    with sched._cond:
+        assert sched._expected == {id(owners["good1"]), id(owners["good2"])}
+
+
 # -- keeping returning sessions together ---------------------------------------------------------
 
 
