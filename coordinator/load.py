@@ -85,9 +85,7 @@ class LoadAwareK:
         self.passes = TargetPasses()
         self.alpha: float | None = None
         self.draft_s_per_token: float | None = None
-        self.rounds = 0
         self.zeros = 0  # rounds it chose K = 0 for
-        self.last_k: int | None = None
         self._lock = threading.Lock()
 
     def observe(self, k: int, accepted: int, rejected: bool, propose_s: float | None,
@@ -97,7 +95,6 @@ class LoadAwareK:
         own mean pass duration for the drafts (preferred: it holds for pre-drafts too and
         excludes waiting); else the fresh Propose's latency per token."""
         with self._lock:
-            self.rounds += 1
             self.passes.add(pass_sessions, pass_tokens, pass_seconds)
             keep = 1 - self.smoothing
             trials = accepted + (1 if rejected else 0)
@@ -125,7 +122,6 @@ class LoadAwareK:
                 self.zeros += 1
                 if self.zeros % PROBE_EVERY == 0:
                     best = 1  # keep measuring acceptance and draft cost
-            self.last_k = best
             return best
 
     def best(self, k_max: int, t0: float, t1: float, sessions: float) -> int:

@@ -69,12 +69,16 @@ class SpeculativeLoop:
         self.metrics = metrics if metrics is not None else LoopMetrics()
         # One pre-draft in flight per generation at most: a pool as large as the
         # generations admitted never makes one generation's pre-draft wait for another's.
-        k_max = max_propose - (1 if policy.pipeline else 0)
-        self.load_k = LoadAwareK(k_max, policy.pipeline) \
+        self.load_k = LoadAwareK(self.k_max, policy.pipeline) \
             if policy.load_aware_k and draft is not None else None
         self.executor = ThreadPoolExecutor(max_workers=max(1, max_concurrency),
                                            thread_name_prefix="predraft") \
             if policy.pipeline else None
+
+    @property
+    def k_max(self) -> int:
+        """The most drafts a round can verify: the draft's max, less the pipelined guess."""
+        return self.max_propose - (1 if self.policy.pipeline else 0)
 
     def rounds(self, prompt_ids: Sequence[int], max_new_tokens: int, sampling: SamplingParams,
                num_draft_tokens: int, eos_token_ids: Sequence[int] = (),
@@ -83,7 +87,7 @@ class SpeculativeLoop:
         """Run a generation round by round. Closing the iterator early (a stop string,
         a cancelled client) releases both sessions at once. `load_aware`: K was left to
         the server, so the load-aware controller (if on) chooses it each round."""
-        k_max = self.max_propose - (1 if self.policy.pipeline else 0)
+        k_max = self.k_max
         adaptive = AdaptiveK(max(1, k_max), num_draft_tokens, self.policy.pipeline) \
             if self.policy.adaptive_k and num_draft_tokens > 0 and self.draft is not None \
             else None

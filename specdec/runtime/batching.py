@@ -110,14 +110,14 @@ class Scheduler:
     # -- callers ----------------------------------------------------------------------
 
     def run(self, owner: object, item: Item, more: bool = False,
-            cancelled: Callable[[], bool] = _never) -> torch.Tensor:
+            cancelled: Callable[[], bool] | None = None) -> torch.Tensor:
         """Queue one step and wait for its logits (or raise its own error)."""
         return self.run_step(owner, item, more, cancelled)[0]
 
     def run_step(self, owner: object, item: Item, more: bool = False,
-                 cancelled: Callable[[], bool] = _never) -> tuple[torch.Tensor, Pass]:
-        """`run`, also returning the pass the step ran in."""
-        step = Step(owner, item, more, cancelled)
+                 cancelled: Callable[[], bool] | None = None) -> tuple[torch.Tensor, Pass]:
+        """`run`, also returning the pass the step ran in (cancelled None = never)."""
+        step = Step(owner, item, more, cancelled or _never)
         with self._cond:
             if self._closed:
                 raise RuntimeError("the scheduler is closed")

@@ -106,9 +106,8 @@ class CachedModel:
 
     def _feed(self, session: Session, tokens: list[int], keep_last: int, more: bool,
               cancelled) -> torch.Tensor:
-        kwargs = {"cancelled": cancelled} if cancelled is not None else {}
         logits, session.last_pass = self.scheduler.run_step(
-            session, (session.cache, tokens, keep_last), more, **kwargs)
+            session, (session.cache, tokens, keep_last), more, cancelled)
         session.append(tokens)
         return logits
 
