@@ -132,18 +132,24 @@ class GenerationService:
         try:
             for out in rounds:
                 generated += len(out.tokens)
-                delta = text.push(detok.add(out.tokens)) if detok else ""
+                # Token by token, so each token's text is known (the demo colours it by
+                # kind) and the text does not depend on how rounds chunk the ids.
+                pieces = [text.push(detok.add([t])) if detok else "" for t in out.tokens]
                 if out.finish_reason:
                     reason = out.finish_reason
                 if text.stopped:
                     reason = "stop"
                 done = bool(out.finish_reason) or text.stopped
+                tail = ""
                 if done and detok and not text.stopped:
-                    delta += text.push(detok.flush())
-                    delta += text.finish()
+                    tail = text.push(detok.flush()) + text.finish()
+                    if pieces:  # the last token released it
+                        pieces[-1], tail = pieces[-1] + tail, ""
                     reason = "stop" if text.stopped else reason
-                chunk = generate_pb2.GenerateChunk(text=delta, token_ids=out.tokens,
-                                                   kinds=[int(k) for k in out.kinds])
+                chunk = generate_pb2.GenerateChunk(text="".join(pieces) + tail,
+                                                   token_ids=out.tokens,
+                                                   kinds=[int(k) for k in out.kinds],
+                                                   token_texts=pieces)
                 if done:
                     rounds.close()  # frees the sessions now; a pre-draft in flight counts
                     chunk.finish_reason = reason
@@ -176,6 +182,7 @@ def add_chunk(resp: generate_pb2.GenerateResponse, chunk: generate_pb2.GenerateC
     resp.text += chunk.text
     resp.token_ids.extend(chunk.token_ids)
     resp.kinds.extend(chunk.kinds)
+    resp.token_texts.extend(chunk.token_texts)
     if chunk.finish_reason:
         resp.finish_reason = chunk.finish_reason
         resp.stats.CopyFrom(chunk.stats)

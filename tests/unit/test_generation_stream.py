@@ -254,3 +254,24 @@ def test_concurrency_two(tok):
     s2.close()
     assert svc.generate(request()).text == "ab"
     s1.close()
+
+
+def test_token_texts_give_each_token_its_text(tok):
+    """One text per token; joined they are the chunk's text, with multi-byte characters
+    split across tokens, stop strings and the final flush."""
+    pieces = ["Café", " naïve", " 你好", "，世界", " 🚀", " STO", "P here"]
+    script = rounds_of(tok, pieces, reason="length")
+    for stop in ([], ["STOP"], ["世界"]):
+        svc, _ = service(tok, script)
+        chunks = list(svc.stream(request(stop=stop)))
+        for chunk in chunks:
+            assert len(chunk.token_texts) == len(chunk.token_ids)
+            assert "".join(chunk.token_texts) == chunk.text
+        resp = service(tok, script)[0].generate(request(stop=stop))
+        assert list(resp.token_texts) == [t for c in chunks for t in c.token_texts]
+    # without stop strings each token's text is what decoding the ids so far adds
+    svc, _ = service(tok, script)
+    texts = [t for c in svc.stream(request()) for t in c.token_texts]
+    ids = [t for o in script for t in o.tokens]
+    assert "".join(texts) == "".join(pieces)
+    assert texts[0] == tok.decode(ids[:1])
