@@ -56,14 +56,14 @@ def deploy(cfg: CoordinatorConfig) -> None:
     from coordinator.app import APP_NAME, SERVICER_FUNCTIONS, application
 
     serve.start(
-        http_options=HTTPOptions(host="127.0.0.1", port=0),
+        http_options=HTTPOptions(host=cfg.http_host, port=cfg.http_port),
         grpc_options=gRPCOptions(port=cfg.port, grpc_servicer_functions=SERVICER_FUNCTIONS),
     )
     failure: list[BaseException] = []
 
     def run():
         try:
-            serve.run(application(cfg.to_dict()), name=APP_NAME, route_prefix=f"/{APP_NAME}")
+            serve.run(application(cfg.to_dict()), name=APP_NAME, route_prefix="/")
         except BaseException as exc:  # noqa: BLE001 - reported below
             failure.append(exc)
 
@@ -105,6 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, _frame: stop.set())
     metrics = f" metrics-port={cfg.metrics_port}" if cfg.metrics_port > 0 else ""
+    if cfg.http_port > 0:
+        metrics += f" http=http://{cfg.http_host}:{cfg.http_port}"
     log.info("coordinator service ready in %.1f s: draft=%s target=%s%s address=%s:%d",
              time.perf_counter() - t0, cfg.draft or "(none)", cfg.target, metrics, cfg.host,
              cfg.port)

@@ -1,8 +1,13 @@
-"""The Ray Serve application: specdec.v1.Generator and grpc.health.v1 on Serve's gRPC proxy.
+"""The Ray Serve application: specdec.v1.Generator and grpc.health.v1 on Serve's gRPC proxy,
+and the OpenAI-compatible HTTP API with the browser demo on Serve's HTTP proxy.
 
 Why Serve's own gRPC ingress (and not a grpc.aio server forwarding to a handle): it is
 what KubeRay's RayService exposes and scales, it brings reflection, and replicas are
 added or removed by Serve's autoscaler on ongoing requests with no code of ours.
+
+HTTP goes through Serve's FastAPI ingress (`serve.ingress`), as Serve documents it, so
+a RayService exposes and scales it like the gRPC port; each route is one call into
+coordinator.http_api, which runs the same GenerationService.
 
 The deployment is a thin shell: each method runs GenerationService's blocking
 generator one round at a time in a worker thread, maps domain errors to status codes
@@ -14,17 +19,21 @@ With `metrics_port` > 0 each replica serves its loop's Prometheus metrics itself
 replica on the same node) is a warning and the next of port+1 .. port+7 is tried.
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations` here: FastAPI reads the routes' parameter
+# annotations (`request: Request`) as objects, after Serve rewrote them into methods.
 import asyncio
 import logging
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
+from fastapi import FastAPI, Request
+from fastapi.responses import RedirectResponse
 from grpc_health.v1 import health_pb2
 from ray import serve
 
+from coordinator.bridge import close_after, next_in_thread
 from coordinator.generation import add_chunk
+from coordinator.http_api import OpenAIFrontend
 from specdec.errors import grpc_status
 from specdec.metrics import PORT_TRIES, PrometheusLoopMetrics
 from specdec.v1 import generate_pb2
@@ -58,24 +67,12 @@ def start_metrics(metrics_port: int, service) -> PrometheusLoopMetrics | None:
     return metrics
 
 
-async def _next_in_thread(iterator, pending: list, executor):
-    """next(iterator) in a thread; the future is kept so a cancel can wait for it."""
-    future = asyncio.get_running_loop().run_in_executor(executor, next, iterator, None)
-    pending[:] = [future]
-    return await future
-
-
-async def _close_after(iterator, pending: list, executor) -> None:
-    """Close a generator, first letting a step still running in a thread finish."""
-    if pending:
-        try:
-            await asyncio.shield(pending[0])
-        except BaseException:  # noqa: BLE001 - the step's own failure is reported elsewhere
-            pass
-    await asyncio.get_running_loop().run_in_executor(executor, iterator.close)
+HTTP = FastAPI(title="specdec", summary="OpenAI-compatible API of a distributed "
+               "speculative decoder (see GET /v1/models and /demo)")
 
 
 @serve.deployment(name="Coordinator", ray_actor_options={"num_cpus": 0})
+@serve.ingress(HTTP)
 class Coordinator:
     def __init__(self, config: dict):
         from coordinator.config import CoordinatorConfig
@@ -90,6 +87,7 @@ class Coordinator:
         # that many. One thread per admitted generation, and a few for closing.
         self.executor = ThreadPoolExecutor(max_workers=cfg.max_concurrency + 4,
                                            thread_name_prefix="round")
+        self.http = OpenAIFrontend(self.service, self.executor, cfg.request_timeout)
 
     def __del__(self):
         # Serve calls this when it retires the replica: free the metrics port.
@@ -97,25 +95,53 @@ class Coordinator:
         if metrics is not None:
             metrics.close()
 
+    # -- HTTP (OpenAI-compatible) -------------------------------------------------------
+
+    @HTTP.post("/v1/chat/completions")
+    async def chat_completions(self, request: Request):
+        return await self.http.chat(request)
+
+    @HTTP.post("/v1/completions")
+    async def completions(self, request: Request):
+        return await self.http.completions(request)
+
+    @HTTP.get("/v1/models")
+    def models(self):
+        return self.http.models()
+
+    @HTTP.get("/health")
+    def health(self):
+        return self.http.health()
+
+    @HTTP.get("/demo")
+    def demo(self):
+        return self.http.demo()
+
+    @HTTP.get("/")
+    def root(self):
+        return RedirectResponse("/demo")
+
+    # -- gRPC ---------------------------------------------------------------------------
+
     async def Generate(self, request, grpc_context=None):  # noqa: N802 - RPC name
         chunks = self.service.stream(request)
         pending: list = []
         response = generate_pb2.GenerateResponse()
         try:
-            while (chunk := await _next_in_thread(chunks, pending, self.executor)) is not None:
+            while (chunk := await next_in_thread(chunks, pending, self.executor)) is not None:
                 add_chunk(response, chunk)
             return response
         except Exception as exc:  # noqa: BLE001 - every failure gets a status code
             _set_error(grpc_context, exc)
             return generate_pb2.GenerateResponse()
         finally:
-            await _close_after(chunks, pending, self.executor)
+            await close_after(chunks, pending, self.executor)
 
     async def GenerateStream(self, request, grpc_context=None):  # noqa: N802
         chunks = self.service.stream(request)
         pending: list = []
         try:
-            while (chunk := await _next_in_thread(chunks, pending, self.executor)) is not None:
+            while (chunk := await next_in_thread(chunks, pending, self.executor)) is not None:
                 yield chunk
         except Exception as exc:  # noqa: BLE001 - every failure gets a status code
             # A stream applies grpc_context only with a message or an exception: raise,
@@ -123,7 +149,7 @@ class Coordinator:
             _set_error(grpc_context, exc)
             raise
         finally:
-            await _close_after(chunks, pending, self.executor)
+            await close_after(chunks, pending, self.executor)
 
     async def Check(self, request, grpc_context=None):  # noqa: N802
         return health_pb2.HealthCheckResponse(status=health_pb2.HealthCheckResponse.SERVING)

@@ -13,6 +13,7 @@ from coordinator.policy import DEFAULT_POLICY as P
 from coordinator.policy import LoopPolicy
 
 DEFAULT_PORT = 50050
+DEFAULT_HTTP_PORT = 8000
 
 
 @dataclass
@@ -21,6 +22,10 @@ class CoordinatorConfig:
     target: str = "127.0.0.1:50052"
     host: str = "127.0.0.1"
     port: int = DEFAULT_PORT
+    http_host: str = "127.0.0.1"
+    http_port: int = DEFAULT_HTTP_PORT  # 0 = no HTTP API
+    served_model_name: str = ""  # "" = the target's model_id
+    request_timeout: float = 600.0
     model: str = ""  # tokenizer source; "" = the target's model_id
     k: int = P.k
     pipeline: bool = P.pipeline
@@ -69,6 +74,20 @@ def parser() -> argparse.ArgumentParser:
                         "listens on all interfaces) (default: %(default)s)")
     p.add_argument("--port", type=int, default=DEFAULT_PORT,
                    help="gRPC port for clients (default: %(default)s)")
+    p.add_argument("--http-port", type=int, default=DEFAULT_HTTP_PORT,
+                   help="port of the OpenAI-compatible HTTP API (/v1/chat/completions, "
+                        "/v1/completions, /v1/models, /health) and the browser demo (/demo), "
+                        "served by Ray Serve's HTTP proxy; 0 = no HTTP (default: %(default)s)")
+    p.add_argument("--http-host", default="127.0.0.1",
+                   help="interface the HTTP API listens on; 0.0.0.0 for all, as in a pod "
+                        "(default: %(default)s)")
+    p.add_argument("--served-model-name", default="",
+                   help="the model name clients send as `model` and /v1/models lists; "
+                        "default: the target's model_id")
+    p.add_argument("--request-timeout", type=float, default=600.0, metavar="SECONDS",
+                   help="longest an HTTP request may run (a request's own `timeout` field "
+                        "can only shorten it); past it the answer is 504 "
+                        "(default: %(default)s)")
     p.add_argument("--model", default="",
                    help="model whose tokenizer to use (name or folder); default: the "
                         "target's model_id. Its digest must match the services'")

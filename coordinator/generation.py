@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 from coordinator.loop import LoopStats, SpeculativeLoop
 from coordinator.text import IncrementalDetokenizer, TextStream
 from specdec import wire
-from specdec.errors import InvalidArgument, ResourceExhausted, require
+from specdec.errors import DeadlineExceeded, InvalidArgument, ResourceExhausted, require
 from specdec.sampling import SamplingParams
 from specdec.v1 import generate_pb2
 
@@ -35,6 +36,17 @@ class Limits:
     max_concurrency: int = 32
 
 
+@dataclass(frozen=True)
+class ModelCard:
+    """What this coordinator serves, as clients see it (GET /v1/models)."""
+
+    id: str  # the name requests give as `model`
+    target: str  # the target's model_id
+    draft: str | None  # the draft's model_id (None: target-only)
+    max_context: int
+    default_k: int
+
+
 @dataclass
 class Plan:
     prompt_ids: list[int]
@@ -47,8 +59,10 @@ class Plan:
 
 class GenerationService:
     def __init__(self, loop: SpeculativeLoop, tokenizer, limits: Limits,
-                 eos_token_ids: list[int]):
+                 eos_token_ids: list[int], card: ModelCard | None = None):
         self.loop = loop
+        self.card = card or ModelCard("specdec", "unknown", None, limits.max_context,
+                                      limits.default_k)
         self.tokenizer = tokenizer
         self.limits = limits
         self.eos_token_ids = eos_token_ids
@@ -107,20 +121,22 @@ class GenerationService:
 
     # -- generation --------------------------------------------------------------------
 
-    def stream(self, req: generate_pb2.GenerateRequest) -> Iterator[generate_pb2.GenerateChunk]:
+    def stream(self, req: generate_pb2.GenerateRequest,
+               deadline: float | None = None) -> Iterator[generate_pb2.GenerateChunk]:
         """One chunk per round; the last carries finish_reason and stats. Closing the
-        iterator (client gone) ends the generation and frees its sessions."""
+        iterator (client gone) ends the generation and frees its sessions. Past
+        `deadline` (time.monotonic()) the next round raises DEADLINE_EXCEEDED."""
         plan = self.plan(req)
         if not self._slots.acquire(blocking=False):
             raise ResourceExhausted(
                 f"coordinator is at its concurrency limit ({self.limits.max_concurrency} "
                 "generations); retry later")
         try:
-            yield from self._stream(plan)
+            yield from self._stream(plan, deadline)
         finally:
             self._slots.release()
 
-    def _stream(self, plan: Plan) -> Iterator[generate_pb2.GenerateChunk]:
+    def _stream(self, plan: Plan, deadline: float | None) -> Iterator[generate_pb2.GenerateChunk]:
         stats = LoopStats()
         detok = (IncrementalDetokenizer(self.tokenizer, plan.prompt_ids)
                  if self.tokenizer is not None else None)
@@ -131,6 +147,10 @@ class GenerationService:
         reason = "length"
         try:
             for out in rounds:
+                if deadline is not None and time.monotonic() > deadline:
+                    raise DeadlineExceeded(
+                        f"the request's deadline passed after {generated} generated tokens; "
+                        "give it a longer timeout or ask for fewer tokens")
                 generated += len(out.tokens)
                 # Token by token, so each token's text is known (the demo colours it by
                 # kind) and the text does not depend on how rounds chunk the ids.

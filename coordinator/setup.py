@@ -9,7 +9,7 @@ import grpc
 
 from coordinator.clients import DraftClient, TargetClient
 from coordinator.config import CoordinatorConfig
-from coordinator.generation import GenerationService, Limits
+from coordinator.generation import GenerationService, Limits, ModelCard
 from coordinator.loop import SpeculativeLoop
 from coordinator.routing import Router, address_source
 
@@ -121,4 +121,8 @@ def build_service(cfg: CoordinatorConfig) -> GenerationService:
     log.info("coordinator loop ready: %d target, %d draft replica(s), model %s, K=%d%s",
              len(t_infos), len(d_infos), ref.model_id, limits.default_k,
              f" ({', '.join(modes)})" if modes else "")
-    return GenerationService(loop, tokenizer, limits, eos)
+    d_ref = next(iter(d_infos.values()), None)
+    card = ModelCard(cfg.served_model_name or ref.model_id, ref.model_id,
+                     d_ref.model_id if d_ref is not None else None, limits.max_context,
+                     limits.default_k)
+    return GenerationService(loop, tokenizer, limits, eos, card)

@@ -19,11 +19,14 @@ def free_port() -> int:
 
 @pytest.fixture(scope="session")
 def coordinator(draft_server, target_server):
-    """(address, draft engine, target engine); one Ray Serve coordinator for the session."""
+    """(gRPC address, draft engine, target engine, HTTP base URL); one Ray Serve
+    coordinator for the session."""
+    http_port = free_port()
     proc = start("coordinator", ["--draft", draft_server[0], "--target", target_server[0],
-                                 "--port", str(free_port()), "--max-concurrency", "4"],
+                                 "--port", str(free_port()), "--http-port", str(http_port),
+                                 "--max-concurrency", "4"],
                  timeout=180)
-    yield proc.address, draft_server[1], target_server[1]
+    yield proc.address, draft_server[1], target_server[1], f"http://127.0.0.1:{http_port}"
     assert proc.stop() == 0, proc.output[-3000:]
 
 

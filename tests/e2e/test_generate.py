@@ -101,7 +101,7 @@ def test_sampled_first_token_follows_target(generator_stub):
 
 
 def test_cancelled_stream_releases_sessions(generator_stub, coordinator):
-    _, draft_engine, target_engine = coordinator
+    _, draft_engine, target_engine, _ = coordinator
     stream = generator_stub.GenerateStream(req(prompt="Once upon a time", num_draft_tokens=4,
                                                max_new_tokens=2000), timeout=60)
     first = next(stream)

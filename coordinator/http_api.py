@@ -1,0 +1,136 @@
+"""The OpenAI-compatible HTTP API: request bodies in, JSON or SSE out.
+
+The routes live on the Serve deployment (coordinator.app, FastAPI through
+`serve.ingress`); each is one line calling this class. A request is translated by
+coordinator.openai_api into the same `GenerateRequest` the gRPC API takes and run by the
+same `GenerationService.stream`, so validation, limits, stop strings and outputs are
+those of gRPC. The first round runs before the response starts: an invalid request, the
+concurrency cap or an unavailable target is answered with its status (400, 429, 503),
+never as a 200 stream that then fails. Later failures arrive in the stream as an
+`{"error": ...}` event, which the `openai` package raises. A client that disconnects
+mid-stream cancels the response's generator, whose `finally` closes the generation and
+releases its draft and target sessions, as gRPC cancellation does.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+from fastapi import Request
+from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+
+from coordinator.bridge import close_after, next_in_thread
+from coordinator.generation import GenerationService, add_chunk
+from coordinator.openai_api import APIError, bad, chat_request, completion_request, from_exception
+from coordinator.openai_responses import CHAT, COMPLETION, DONE, Responses, sse
+from specdec.v1 import generate_pb2
+
+log = logging.getLogger("coordinator.http")
+DEMO_PAGE = Path(__file__).with_name("demo.html")
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def error_response(err: APIError) -> JSONResponse:
+    if err.status >= 500 and err.status not in (503, 504):
+        log.error("HTTP request failed: %s", err.message)
+    return JSONResponse(err.body(), status_code=err.status)
+
+
+class OpenAIFrontend:
+    def __init__(self, service: GenerationService, executor, request_timeout_s: float):
+        self.service, self.executor = service, executor
+        self.request_timeout_s = request_timeout_s
+
+    # -- GET ------------------------------------------------------------------------------
+
+    def models(self) -> dict:
+        card = self.service.card
+        return {"object": "list", "data": [{
+            "id": card.id, "object": "model", "created": 0, "owned_by": "specdec",
+            "specdec": {"target": card.target, "draft": card.draft,
+                        "max_context": card.max_context, "default_num_draft_tokens":
+                        card.default_k},
+        }]}
+
+    def health(self) -> JSONResponse:
+        """200 while a target replica can take generations, else 503 (drafts optional)."""
+        now = time.monotonic()
+        loop = self.service.loop
+        targets = [r for r in loop.target.replicas() if r.down_until <= now]
+        drafts = [r for r in loop.draft.replicas() if r.down_until <= now] \
+            if loop.draft is not None else []
+        body = {"status": "ok" if targets else "unavailable",
+                "target_replicas": len(targets), "draft_replicas": len(drafts)}
+        return JSONResponse(body, status_code=200 if targets else 503)
+
+    @staticmethod
+    def demo() -> HTMLResponse:
+        return HTMLResponse(DEMO_PAGE.read_text(encoding="utf-8"))
+
+    # -- POST -----------------------------------------------------------------------------
+
+    async def chat(self, request: Request) -> Response:
+        return await self._generate(request, CHAT)
+
+    async def completions(self, request: Request) -> Response:
+        return await self._generate(request, COMPLETION)
+
+    async def _generate(self, request: Request, kind: str) -> Response:
+        try:
+            body = json.loads(await request.body() or b"null")
+        except (ValueError, UnicodeDecodeError) as exc:
+            return error_response(bad(f"the request body is not valid JSON ({exc})"))
+        card = self.service.card
+        try:
+            req, opts = (chat_request if kind == CHAT else completion_request)(body, card.id)
+        except APIError as err:
+            return error_response(err)
+        if not req.max_new_tokens:  # no limit given: up to the cap (and the context)
+            req.max_new_tokens = self.service.limits.max_new_tokens_cap
+        timeout = min(opts.timeout_s or math.inf, self.request_timeout_s)
+        chunks = self.service.stream(req, deadline=time.monotonic() + timeout)
+        pending: list = []
+        try:
+            first = await next_in_thread(chunks, pending, self.executor)
+        except Exception as exc:  # noqa: BLE001 - every failure gets a status
+            await close_after(chunks, pending, self.executor)
+            return error_response(from_exception(exc))
+        responses = Responses(kind, card.id)
+        if opts.stream:
+            events = self._events(chunks, pending, first, responses, opts.include_usage)
+            return StreamingResponse(events, media_type="text/event-stream",
+                                     headers=SSE_HEADERS)
+        resp = generate_pb2.GenerateResponse()
+        try:
+            chunk = first
+            while chunk is not None:
+                add_chunk(resp, chunk)
+                chunk = await next_in_thread(chunks, pending, self.executor)
+        except Exception as exc:  # noqa: BLE001
+            return error_response(from_exception(exc))
+        finally:
+            await close_after(chunks, pending, self.executor)
+        return JSONResponse(responses.unary(resp))
+
+    async def _events(self, chunks, pending: list, chunk, responses: Responses,
+                      include_usage: bool) -> AsyncIterator[str]:
+        try:
+            first = True
+            while chunk is not None:
+                yield sse(responses.chunk(chunk, first))
+                first = False
+                if chunk.finish_reason and include_usage:
+                    yield sse(responses.usage_chunk(chunk.stats))
+                chunk = await next_in_thread(chunks, pending, self.executor)
+            yield DONE
+        except Exception as exc:  # noqa: BLE001 - reported in the stream, as OpenAI does
+            yield sse(from_exception(exc).body())
+            yield DONE
+        finally:
+            # Also on a client disconnect (the generator is cancelled or closed).
+            await close_after(chunks, pending, self.executor)

@@ -1,0 +1,192 @@
+"""The OpenAI-compatible HTTP API through Ray Serve's HTTP proxy, with raw HTTP (httpx):
+status codes, error shape, SSE framing, usage, and that HTTP and gRPC give the same
+result for the same request (one generation logic behind both)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import httpx
+import pytest
+
+from specdec.v1 import common_pb2, generate_pb2
+
+pytestmark = pytest.mark.slow
+
+CHAT = [{"role": "user", "content": "Tell me about speculative decoding."}]
+
+
+@pytest.fixture(scope="module")
+def http(coordinator):
+    with httpx.Client(base_url=coordinator[3], timeout=60) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def model(http) -> str:
+    return http.get("/v1/models").json()["data"][0]["id"]
+
+
+def events(response) -> list:
+    """The SSE data lines of a streamed response, parsed; "[DONE]" kept as is."""
+    out = []
+    for line in response.iter_lines():
+        if not line:
+            continue
+        assert line.startswith("data: "), line
+        data = line[len("data: "):]
+        out.append(data if data == "[DONE]" else json.loads(data))
+    return out
+
+
+def test_health_and_models(http, model):
+    health = http.get("/health")
+    assert health.status_code == 200
+    assert health.json()["status"] == "ok" and health.json()["target_replicas"] == 1
+    listing = http.get("/v1/models").json()
+    assert listing["object"] == "list"
+    (card,) = listing["data"]
+    assert card["object"] == "model" and card["id"] == model
+    assert card["specdec"]["target"] == "tiny-random"
+    assert card["specdec"]["draft"] == "tiny-random-draft"
+
+
+def test_chat_equals_grpc_generate(http, model, generator_stub):
+    """Same request through HTTP and gRPC: same ids, text, kinds and finish reason."""
+    for k in (0, 4):
+        body = {"model": model, "messages": CHAT, "max_tokens": 24, "temperature": 0,
+                "num_draft_tokens": k}
+        r = http.post("/v1/chat/completions", json=body)
+        assert r.status_code == 200, r.text
+        out = r.json()
+        grpc_resp = generator_stub.Generate(generate_pb2.GenerateRequest(
+            messages=[generate_pb2.ChatMessage(**m) for m in CHAT], max_new_tokens=24,
+            num_draft_tokens=k, sampling=common_pb2.SamplingParams(temperature=0)),
+            timeout=60)
+        assert out["object"] == "chat.completion" and out["id"].startswith("chatcmpl-")
+        (choice,) = out["choices"]
+        assert choice["message"] == {"role": "assistant", "content": grpc_resp.text}
+        assert out["specdec"]["token_ids"] == list(grpc_resp.token_ids)
+        assert {"length": "length", "eos": "stop"}[grpc_resp.finish_reason] == \
+            choice["finish_reason"]
+        usage = out["usage"]
+        assert usage["completion_tokens"] == len(grpc_resp.token_ids)
+        assert usage["prompt_tokens"] == grpc_resp.stats.prompt_tokens
+        assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+        details = usage["completion_tokens_details"]
+        assert details["accepted_prediction_tokens"] == usage["specdec"]["accepted_tokens"]
+        assert details["rejected_prediction_tokens"] == \
+            usage["specdec"]["drafted_tokens"] - usage["specdec"]["accepted_tokens"]
+        if k == 0:
+            assert usage["specdec"]["drafted_tokens"] == 0
+            assert set(out["specdec"]["kinds"]) == {"target"}
+        else:
+            assert usage["specdec"]["accepted_tokens"] > 0
+
+
+def test_stream_sse_framing_and_usage(http, model):
+    body = {"model": model, "prompt": "Once upon a time", "max_tokens": 20,
+            "temperature": 0, "num_draft_tokens": 4, "stream": True,
+            "stream_options": {"include_usage": True}}
+    with http.stream("POST", "/v1/completions", json=body) as r:
+        assert r.status_code == 200
+        assert r.headers["content-type"].startswith("text/event-stream")
+        got = events(r)
+    assert got[-1] == "[DONE]"
+    usage_chunk, chunks = got[-2], got[:-2]
+    assert usage_chunk["choices"] == [] and usage_chunk["usage"]["completion_tokens"] == 20
+    assert all(c["object"] == "text_completion" for c in chunks)
+    assert len({c["id"] for c in got[:-1]}) == 1
+    assert [c["choices"][0]["finish_reason"] for c in chunks] == \
+        [None] * (len(chunks) - 1) + ["length"]
+    for c in chunks:
+        tok = c["specdec"]
+        assert len(tok["token_ids"]) == len(tok["kinds"]) == len(tok["token_texts"])
+        assert "".join(tok["token_texts"]) == c["choices"][0]["text"]
+    unary = http.post("/v1/completions", json={**body, "stream": False,
+                                                "stream_options": None}).json()
+    assert "".join(c["choices"][0]["text"] for c in chunks) == unary["choices"][0]["text"]
+    assert [t for c in chunks for t in c["specdec"]["token_ids"]] == \
+        unary["specdec"]["token_ids"]
+
+
+def test_chat_stream_starts_with_the_role(http, model):
+    body = {"model": model, "messages": CHAT, "max_tokens": 8, "temperature": 0,
+            "stream": True}
+    with http.stream("POST", "/v1/chat/completions", json=body) as r:
+        got = events(r)
+    assert got[-1] == "[DONE]" and "usage" not in got[-2]
+    assert got[0]["object"] == "chat.completion.chunk"
+    assert got[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert all("role" not in c["choices"][0]["delta"] for c in got[1:-1])
+
+
+BAD = [
+    ({"n": 2}, 400, "n"),
+    ({"logprobs": True}, 400, "logprobs"),
+    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools"),
+    ({"model": "gpt-4o"}, 404, "model"),
+    ({"model": None}, 400, "model"),
+    ({"temperature": 3}, 400, "temperature"),
+    ({"top_p": 0}, 400, "top_p"),
+    ({"max_tokens": 0}, 400, "max_tokens"),
+    ({"max_tokens": 10**6}, 400, None),  # the service's cap, named by its message
+    ({"frequency_penalty": 0.5}, 400, "frequency_penalty"),
+    ({"messages": []}, 400, "messages"),
+    ({"messages": [{"role": "tool", "content": "x"}]}, 400, "messages[0].role"),
+    ({"num_draft_tokens": 99}, 400, None),
+    ({"stop": [1, 2]}, 400, "stop"),
+    ({"bogus": 1}, 400, "bogus"),
+    ({"stream_options": {"include_usage": True}}, 400, "stream_options"),
+]
+
+
+@pytest.mark.parametrize(("change", "status", "param"), BAD)
+def test_bad_requests_get_openai_errors(http, model, change, status, param):
+    body = {"model": model, "messages": CHAT, "max_tokens": 8, **change}
+    body = {k: v for k, v in body.items() if v is not None}
+    for stream in (False, True):
+        r = http.post("/v1/chat/completions", json={**body, "stream": stream}
+                      if "stream_options" not in change else body)
+        assert r.status_code == status, r.text
+        err = r.json()["error"]
+        assert set(err) == {"message", "type", "param", "code"}
+        assert err["message"] and (param is None or err["param"] == param), err
+    # the service is still up
+    assert http.get("/health").status_code == 200
+
+
+def test_invalid_json_and_wrong_body(http):
+    r = http.post("/v1/chat/completions", content=b"{not json",
+                  headers={"content-type": "application/json"})
+    assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"]
+    r = http.post("/v1/completions", json=[1, 2])
+    assert r.status_code == 400 and "JSON object" in r.json()["error"]["message"]
+
+
+def test_timeout_gives_504(http, model):
+    body = {"model": model, "prompt": "Once upon a time", "max_tokens": 2000,
+            "temperature": 0, "num_draft_tokens": 0, "timeout": 0.3}
+    r = http.post("/v1/completions", json=body)
+    assert r.status_code == 504, r.text
+    assert r.json()["error"]["type"] == "timeout"
+
+
+def test_disconnect_mid_stream_releases_sessions(coordinator, model):
+    _, draft_engine, target_engine, base = coordinator
+    body = {"model": model, "prompt": "Once upon a time", "max_tokens": 2000,
+            "temperature": 0, "num_draft_tokens": 4, "stream": True}
+    with httpx.Client(base_url=base, timeout=60) as client, \
+            client.stream("POST", "/v1/completions", json=body) as r:
+        lines = r.iter_lines()
+        assert next(lines).startswith("data: ")
+        assert len(target_engine.model.store) >= 1
+    # the connection is closed here, mid-generation
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        if len(draft_engine.model.store) == 0 and len(target_engine.model.store) == 0:
+            break
+        time.sleep(0.1)
+    assert len(draft_engine.model.store) == 0
+    assert len(target_engine.model.store) == 0
