@@ -26,7 +26,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingRes
 
 from coordinator.bridge import close_after, next_in_thread
 from coordinator.generation import GenerationService, add_chunk
-from coordinator.openai_api import APIError, bad, chat_request, completion_request, from_exception
+from coordinator.openai_api import bad, chat_request, completion_request, from_exception
 from coordinator.openai_responses import CHAT, COMPLETION, DONE, Responses, sse
 from specdec.v1 import generate_pb2
 
@@ -35,9 +35,12 @@ DEMO_PAGE = Path(__file__).with_name("demo.html")
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
-def error_response(err: APIError) -> JSONResponse:
-    if err.status >= 500 and err.status not in (503, 504):
-        log.error("HTTP request failed: %s", err.message)
+def error_response(exc: BaseException) -> JSONResponse:
+    """OpenAI's error body with its status; a failure that is not a known error (a bug)
+    is logged with its traceback and answered 500 without details."""
+    err = from_exception(exc)
+    if err.status == 500:
+        log.error("HTTP request failed", exc_info=exc)
     return JSONResponse(err.body(), status_code=err.status)
 
 
@@ -88,8 +91,8 @@ class OpenAIFrontend:
         card = self.service.card
         try:
             req, opts = (chat_request if kind == CHAT else completion_request)(body, card.id)
-        except APIError as err:
-            return error_response(err)
+        except Exception as exc:  # noqa: BLE001 - APIError, or a bug answered as a 500
+            return error_response(exc)
         if not req.max_new_tokens:  # no limit given: up to the cap (and the context)
             req.max_new_tokens = self.service.limits.max_new_tokens_cap
         timeout = min(opts.timeout_s or math.inf, self.request_timeout_s)
@@ -99,7 +102,7 @@ class OpenAIFrontend:
             first = await next_in_thread(chunks, pending, self.executor)
         except Exception as exc:  # noqa: BLE001 - every failure gets a status
             await close_after(chunks, pending, self.executor)
-            return error_response(from_exception(exc))
+            return error_response(exc)
         responses = Responses(kind, card.id)
         if opts.stream:
             events = self._events(chunks, pending, first, responses, opts.include_usage)
@@ -112,7 +115,7 @@ class OpenAIFrontend:
                 add_chunk(resp, chunk)
                 chunk = await next_in_thread(chunks, pending, self.executor)
         except Exception as exc:  # noqa: BLE001
-            return error_response(from_exception(exc))
+            return error_response(exc)
         finally:
             await close_after(chunks, pending, self.executor)
         return JSONResponse(responses.unary(resp))
@@ -129,7 +132,10 @@ class OpenAIFrontend:
                 chunk = await next_in_thread(chunks, pending, self.executor)
             yield DONE
         except Exception as exc:  # noqa: BLE001 - reported in the stream, as OpenAI does
-            yield sse(from_exception(exc).body())
+            err = from_exception(exc)
+            if err.status == 500:
+                log.error("HTTP stream failed", exc_info=exc)
+            yield sse(err.body())
             yield DONE
         finally:
             # Also on a client disconnect (the generator is cancelled or closed).

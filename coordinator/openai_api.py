@@ -42,6 +42,7 @@ HTTP_STATUS = {
     "DEADLINE_EXCEEDED": (504, "timeout"),
     "ABORTED": (409, "conflict"),
 }
+INT32_MAX = 2**31 - 1
 DEFAULT_TEMPERATURE = 1.0  # OpenAI's default; send 0 for greedy
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 
@@ -197,14 +198,14 @@ def _common(body: dict, model: str) -> tuple[generate_pb2.GenerateRequest, Optio
     if seed is not None and not _is_int(seed):
         raise bad("`seed` must be an integer", "seed")
     top_k = body.get("top_k", 0)
-    if not _is_int(top_k) or top_k < 0:
+    if not _is_int(top_k) or not 0 <= top_k <= INT32_MAX:
         raise bad("`top_k` must be an integer >= 0 (0 = off)", "top_k")
     req = generate_pb2.GenerateRequest(sampling=common_pb2.SamplingParams(
         temperature=temperature, top_p=top_p, top_k=top_k,
         seed=(seed % 2**64) if seed is not None else secrets.randbits(63)))
     k = body.get("num_draft_tokens")
     if k is not None:
-        if not _is_int(k):
+        if not _is_int(k) or abs(k) > INT32_MAX:
             raise bad("`num_draft_tokens` must be an integer (0 = target only)",
                       "num_draft_tokens")
         req.num_draft_tokens = k
@@ -232,7 +233,7 @@ def _common(body: dict, model: str) -> tuple[generate_pb2.GenerateRequest, Optio
 def _max_tokens(req: generate_pb2.GenerateRequest, value, param: str) -> None:
     if value is None:
         return  # GenerationService's cap, bounded by the context left after the prompt
-    if not _is_int(value) or value < 1:
+    if not _is_int(value) or not 1 <= value <= INT32_MAX:
         raise bad(f"`{param}` must be an integer >= 1", param)
     req.max_new_tokens = value
 

@@ -190,3 +190,31 @@ def test_disconnect_mid_stream_releases_sessions(coordinator, model):
         time.sleep(0.1)
     assert len(draft_engine.model.store) == 0
     assert len(target_engine.model.store) == 0
+
+
+SAME_CHECKS = [  # (HTTP body change, the same GenerateRequest fields)
+    ({"max_tokens": 10**6}, {"max_new_tokens": 10**6}),
+    ({"num_draft_tokens": 99}, {"num_draft_tokens": 99}),
+    ({"messages": [{"role": "user", "content": "x " * 3000}]},
+     {"messages": [generate_pb2.ChatMessage(role="user", content="x " * 3000)]}),
+    ({"stop": ["s"] * 17}, {"stop": ["s"] * 17}),
+    ({"top_k": 10**12}, None),  # too large for the wire: refused before the service
+]
+
+
+@pytest.mark.parametrize(("change", "fields"), SAME_CHECKS)
+def test_http_and_grpc_validate_alike(http, model, generator_stub, change, fields):
+    """The service's own checks answer both APIs with the same message."""
+    import grpc
+
+    body = {"model": model, "messages": CHAT, "max_tokens": 8, "temperature": 0, **change}
+    r = http.post("/v1/chat/completions", json=body)
+    assert r.status_code == 400, r.text
+    if fields is None:
+        return
+    base = {"messages": [generate_pb2.ChatMessage(**m) for m in CHAT], "max_new_tokens": 8}
+    with pytest.raises(grpc.RpcError) as info:
+        generator_stub.Generate(generate_pb2.GenerateRequest(**{**base, **fields}),
+                                timeout=30)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert r.json()["error"]["message"] == info.value.details()
