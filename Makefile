@@ -18,7 +18,7 @@ TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 TORCH_CUDA  ?= $(if $(filter cu%,$(notdir $(patsubst %/,%,$(TORCH_INDEX)))),1,)
 TORCH_PROBE_S ?= 5
 
-.PHONY: setup protos prepare demo bench bench-quick bench-load test test-fast test-unit test-service lint clean cuda-check
+.PHONY: setup protos prepare demo bench bench-quick bench-load test test-fast test-unit test-service lint clean cuda-check browser
 
 setup: $(STAMP) $(GEN)
 
@@ -84,8 +84,19 @@ bench-quick: prepare
 bench-load: prepare
 	$(BIN)/specdec load --out bench-results/load
 
+# Headless Chromium and its WebDriver (Debian's packages) for the browser test of the
+# coordinator's /demo page (tests/e2e/test_demo_page.py) and `specdec.bench.demo_shot`.
+browser:
+	@if [ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ]; then exit 0; fi; \
+	if [ "$$(id -u)" != 0 ]; then \
+	  echo "error: /usr/bin/chromium or /usr/bin/chromedriver is missing; install them with:" >&2; \
+	  echo "  sudo apt-get install -y chromium chromium-driver" >&2; \
+	  exit 1; fi; \
+	echo "== installing chromium and chromium-driver (apt-get)"; \
+	apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver
+
 # The whole suite, real-model tests included (CI runs this).
-test: prepare
+test: prepare browser
 	$(PYTEST) tests
 
 # The inner loop: everything but the slow tests.

@@ -1,0 +1,112 @@
+"""The coordinator's browser demo (GET /demo, coordinator/demo.html) in a real headless
+Chromium over the real coordinator and tiny-model services: it streams a speculative
+answer and a target-only one, colours tokens by kind, shows speeds, and its greedy text is
+the API's; an API error is shown on the page. Needs `make browser`; without the browser
+these tests fail (never skip)."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import pytest
+
+from specdec.bench import browser
+
+pytestmark = pytest.mark.slow
+
+SHOTS = Path(__file__).resolve().parents[2] / "bench-results" / "demo"
+PROMPT = "Tell me about speculative decoding."
+TIMEOUT_S = 90
+
+
+@contextmanager
+def chromium():
+    """The headless browser, or a test failure naming `make browser`."""
+    why = browser.missing()
+    if why:
+        pytest.fail(f"the browser test needs Chromium: {why}", pytrace=False)
+    with browser.chromium(1400, 1000) as driver:
+        yield driver
+
+
+@pytest.fixture(scope="module")
+def card(coordinator) -> dict:
+    return httpx.get(f"{coordinator[3]}/v1/models", timeout=30).json()["data"][0]
+
+
+def chat(base: str, body: dict) -> httpx.Response:
+    return httpx.post(f"{base}/v1/chat/completions", json=body, timeout=60)
+
+
+def test_demo_streams_kinds_and_compares_with_target_only(coordinator, card):
+    base = coordinator[3]
+    with chromium() as driver:
+        browser.open_demo(driver, base)
+        assert driver.find_element("id", "k").get_attribute("value") == \
+            str(card["specdec"]["default_num_draft_tokens"])
+        state = browser.generate(driver, prompt=PROMPT, k=4, temperature=0, max_tokens=32,
+                                 seed=1234, compare=True, timeout=TIMEOUT_S)
+        SHOTS.mkdir(parents=True, exist_ok=True)
+        driver.save_screenshot(str(SHOTS / "demo-tiny.png"))
+        assert state == "done", browser.text(driver, "error")
+        spec_kinds, target_kinds = browser.kinds(driver, "spec"), browser.kinds(driver, "target")
+        spec_text = browser.text(driver, "answer-spec")
+        target_text = browser.text(driver, "answer-target")
+        spec_stats, target_stats = browser.stats(driver, "spec"), browser.stats(driver, "target")
+        speedup = browser.text(driver, "speedup")
+        assert browser.text(driver, "error") == ""
+        assert driver.find_element("id", "generate").is_enabled()
+        assert not driver.find_element("id", "stop").is_enabled()
+
+    # every token a span of a known kind; speculation visible in the speculative pane,
+    # whose first token is the target's own (from the prompt's pass, before any draft)
+    assert "accepted" in spec_kinds, spec_kinds
+    assert {"recovered", "bonus"} & set(spec_kinds), spec_kinds
+    assert set(spec_kinds[1:]) <= {"accepted", "recovered", "bonus"}, spec_kinds
+    assert target_kinds and set(target_kinds) == {"target"}, target_kinds
+    assert len(spec_kinds) == len(target_kinds) == 32
+
+    # the page's text is the API's for the same request, and greedy = target only
+    api = chat(base, {"model": card["id"], "messages": [{"role": "user", "content": PROMPT}],
+                      "max_tokens": 32, "temperature": 0, "num_draft_tokens": 4,
+                      "seed": 1234})
+    assert api.status_code == 200, api.text
+    assert spec_text == api.json()["choices"][0]["message"]["content"]
+    assert spec_text == target_text
+
+    # stats: numbers from the stream and the final usage
+    for shown in (spec_stats, target_stats):
+        assert float(shown["tps"]) > 0, shown
+        assert float(shown["ttft"]) > 0, shown
+        assert shown["tokens"] == "32", shown
+    assert float(spec_stats["per-pass"]) > 1.0, spec_stats  # accepted tokens > 0
+    assert 0 < float(spec_stats["acceptance"]) <= 1, spec_stats
+    assert float(target_stats["per-pass"]) == 1.0, target_stats
+    assert speedup.startswith("speedup ") and float(speedup.split()[1].rstrip("x")) > 0, speedup
+
+
+def test_demo_shows_the_api_error(coordinator, card):
+    base = coordinator[3]
+    body = {"model": card["id"], "messages": [{"role": "user", "content": PROMPT}],
+            "max_tokens": 8, "temperature": 0, "seed": 1234, "num_draft_tokens": 999,
+            "stream": True, "stream_options": {"include_usage": True}}
+    expected = chat(base, body)
+    assert expected.status_code == 400, expected.text
+    message = expected.json()["error"]["message"]
+    with chromium() as driver:
+        browser.open_demo(driver, base)
+        state = browser.generate(driver, prompt=PROMPT, k=999, max_tokens=8, compare=True,
+                                 timeout=TIMEOUT_S)
+        assert state == "error"
+        shown = browser.text(driver, "error")
+        assert message in shown and shown.startswith("speculative request failed"), shown
+        assert driver.find_element("id", "error").is_displayed()
+        assert browser.kinds(driver, "target") == []  # the comparison did not run
+        assert driver.find_element("id", "generate").is_enabled()
+        # the page recovers: the next (valid) run is done and clears the error
+        assert browser.generate(driver, prompt=PROMPT, k=2, max_tokens=4, compare=False,
+                                timeout=TIMEOUT_S) == "done"
+        assert browser.text(driver, "error") == ""
+        assert len(browser.kinds(driver, "spec")) == 4
