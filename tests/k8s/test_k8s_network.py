@@ -10,6 +10,7 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass
 
+import yaml
 from k8s_objects import Pods, by_kind, selector_matches
 
 NAMESPACE = "specdec"
@@ -144,18 +145,24 @@ def test_model_services_accept_grpc_only_from_coordinator_pods(rendered):
         assert allowed(rendered.objs, pods, PROMETHEUS) == {metrics}
 
 
-def test_clients_reach_only_the_coordinators_grpc_port(rendered):
+def test_clients_reach_only_the_coordinators_grpc_and_http_ports(rendered):
+    (rs,) = by_kind(rendered.objs, "RayService")
+    serve = yaml.safe_load(rs["spec"]["serveConfigV2"])
     for pods in rendered.group("coordinator"):
-        grpc = container_ports(pods)["grpc"]
-        assert grpc == 50050
+        grpc, http = container_ports(pods)["grpc"], container_ports(pods)["http"]
+        assert (grpc, http) == (serve["grpc_options"]["port"], serve["http_options"]["port"])
+        assert (grpc, http) == (50050, 8000)
+        clients = {grpc, http}  # Serve's gRPC proxy and its HTTP proxy (the OpenAI API)
         for src in (CLIENT_POD, OTHER_NAMESPACE, EXTERNAL):
-            assert allowed(rendered.objs, pods, src) == {grpc}, f"{src} -> {pods.where}"
+            assert allowed(rendered.objs, pods, src) == clients, f"{src} -> {pods.where}"
         for group in ("draft", "target"):  # no way back in but as a client
             (p,) = rendered.group(group)
-            assert allowed(rendered.objs, pods, pod_in(NAMESPACE, p.labels)) == {grpc}
+            assert allowed(rendered.objs, pods, pod_in(NAMESPACE, p.labels)) == clients
         # Ray's metrics, and specdec's (one port per Serve replica on the pod)
-        assert allowed(rendered.objs, pods, PROMETHEUS) == {grpc, 8080, *range(9100, 9108)}
-        assert allowed(rendered.objs, pods, OPERATOR) == {grpc, 8265, 8000}
+        assert allowed(rendered.objs, pods, PROMETHEUS) == {*clients, 8080,
+                                                            *range(9100, 9108)}
+        # the dashboard, and the HTTP proxy's /-/healthz (a client port anyway)
+        assert allowed(rendered.objs, pods, OPERATOR) == {*clients, 8265}
         for peer in rendered.group("coordinator"):  # Ray's own traffic between its pods
             assert allowed(rendered.objs, pods, pod_in(NAMESPACE, peer.labels)) == ALL
 

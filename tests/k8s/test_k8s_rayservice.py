@@ -210,8 +210,8 @@ def test_application_is_the_coordinator(app):
     assert names <= {serve_deployment_name("coordinator.app", "Coordinator")}, names
 
 
-def test_application_args_are_coordinator_config(app):
-    from coordinator.config import CoordinatorConfig
+def test_application_args_are_coordinator_config(app, serve_config):
+    from coordinator.config import DEFAULT_HTTP_PORT, CoordinatorConfig
 
     args = app["args"]
     known = {f.name: f for f in fields(CoordinatorConfig)}
@@ -224,7 +224,12 @@ def test_application_args_are_coordinator_config(app):
         ok = isinstance(value, expected) or (expected is float and isinstance(value, int))
         assert ok and not isinstance(value, bool), f"args.{key}: {value!r} is not {expected}"
     cfg = CoordinatorConfig(**args)
-    assert cfg.port == SERVICES["coordinator"]["port"]
+    assert cfg.port == SERVICES["coordinator"]["port"] == serve_config["grpc_options"]["port"]
+    # Serve's proxies listen where grpc/http_options say; the args must say the same.
+    http = serve_config["http_options"]
+    assert {"http_host", "http_port"} <= set(args), "say where the HTTP API listens"
+    assert (cfg.http_host, cfg.http_port) == (http["host"], http["port"])
+    assert cfg.http_port == DEFAULT_HTTP_PORT and cfg.http_host == "0.0.0.0"
     assert 1 <= cfg.min_replicas <= cfg.max_replicas
 
 
@@ -258,21 +263,25 @@ def test_dns_args_name_the_headless_services_and_ports(app, renders):
             assert port in {p["port"] for p in svc["spec"]["ports"]}
 
 
-def test_coordinator_grpc_port_reaches_clients(rayservice, serve_config):
-    """The Serve proxy's gRPC port is a container port on every Ray pod, and the Service
-    KubeRay builds from serveService carries it as the one port named "serve"."""
+def test_coordinator_grpc_and_http_ports_reach_clients(rayservice, serve_config):
+    """The Serve proxy's gRPC and HTTP ports are container ports on every Ray pod, and the
+    Service KubeRay builds from serveService carries them: gRPC as the port named "serve"
+    (the one KubeRay 1.4/1.5 keep), HTTP as "http" (kept as given by KubeRay >= 1.6 while
+    no Ray container names a port serve or serve-*); see test_k8s_coordinator_http."""
     grpc = serve_config["grpc_options"]["port"]
+    http = serve_config["http_options"]["port"]
     rc = rayservice["spec"]["rayClusterConfig"]
     for g in [rc["headGroupSpec"], *rc["workerGroupSpecs"]]:
         ray = g["template"]["spec"]["containers"][0]
         ports = {p.get("name"): p["containerPort"] for p in ray.get("ports", [])}
-        assert ports.get("grpc") == grpc
+        assert ports.get("grpc") == grpc and ports.get("http") == http
         # A container port named "serve" would replace ours in the Service, and KubeRay
         # would health-check the HTTP proxy on it.
         assert "serve" not in ports
     svc = rayservice["spec"]["serveService"]
     assert svc["metadata"]["name"] == "specdec-coordinator"
-    assert [(p["name"], p["port"]) for p in svc["spec"]["ports"]] == [("serve", grpc)]
+    assert [(p["name"], p["port"]) for p in svc["spec"]["ports"]] == [("serve", grpc),
+                                                                       ("http", http)]
     assert "selector" not in svc["spec"], "KubeRay sets the selector (the active cluster)"
 
 
