@@ -110,7 +110,7 @@ def generate(driver, *, prompt: str, k: int | None, max_tokens: int, temperature
     fill(driver, "prompt", prompt)
     if k is not None:
         fill(driver, "k", k)
-    fill(driver, "temperature", temperature)
+    fill(driver, "temperature", f"{temperature:g}")
     fill(driver, "max-tokens", max_tokens)
     if seed is not None:
         fill(driver, "seed", seed)

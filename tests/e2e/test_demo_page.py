@@ -6,6 +6,7 @@ these tests fail (never skip)."""
 
 from __future__ import annotations
 
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -110,3 +111,33 @@ def test_demo_shows_the_api_error(coordinator, card):
                                 timeout=TIMEOUT_S) == "done"
         assert browser.text(driver, "error") == ""
         assert len(browser.kinds(driver, "spec")) == 4
+
+
+def test_demo_stop_aborts_and_the_server_releases_the_sessions(coordinator):
+    _, draft_engine, target_engine, base = coordinator
+    with chromium() as driver:
+        browser.open_demo(driver, base)
+        browser.fill(driver, "prompt", PROMPT)
+        browser.fill(driver, "k", 4)
+        browser.fill(driver, "max-tokens", 2000)
+        if driver.find_element("id", "compare").is_selected():
+            driver.find_element("id", "compare").click()
+        driver.find_element("id", "generate").click()
+        deadline = time.monotonic() + TIMEOUT_S
+        while len(browser.kinds(driver, "spec")) < 8:  # streaming has begun
+            assert browser.state(driver) == "running", browser.text(driver, "error")
+            assert time.monotonic() < deadline, "no tokens streamed"
+            time.sleep(0.05)
+        assert not driver.find_element("id", "generate").is_enabled()
+        assert len(target_engine.model.store) >= 1
+        driver.find_element("id", "stop").click()
+        assert browser.wait_state(driver, browser.FINAL_STATES, 10) == "stopped"
+        shown = len(browser.kinds(driver, "spec"))
+        assert 8 <= shown < 2000
+        assert driver.find_element("id", "generate").is_enabled()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and (len(draft_engine.model.store) or
+                                            len(target_engine.model.store)):
+        time.sleep(0.1)
+    assert len(draft_engine.model.store) == 0
+    assert len(target_engine.model.store) == 0
