@@ -42,6 +42,11 @@ HTTP_STATUS = {
     "DEADLINE_EXCEEDED": (504, "timeout"),
     "ABORTED": (409, "conflict"),
 }
+# GenerationService names the GenerateRequest field first in its messages; the OpenAI
+# parameter it came from.
+SERVICE_FIELDS = {"max_new_tokens": "max_tokens", "num_draft_tokens": "num_draft_tokens",
+                  "sampling.temperature": "temperature", "sampling.top_p": "top_p",
+                  "sampling.top_k": "top_k", "sampling.seed": "seed", "stop": "stop"}
 INT32_MAX = 2**31 - 1
 DEFAULT_TEMPERATURE = 1.0  # OpenAI's default; send 0 for greedy
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
@@ -76,7 +81,9 @@ def from_exception(exc: BaseException) -> APIError:
         return exc
     if isinstance(exc, SpecdecError) and exc.code in HTTP_STATUS:
         status, type_ = HTTP_STATUS[exc.code]
-        return APIError(status, exc.message, type_, code=exc.code.lower())
+        field = exc.message.split(" ", 1)[0]
+        return APIError(status, exc.message, type_, SERVICE_FIELDS.get(field),
+                        exc.code.lower())
     return APIError(500, f"internal error ({type(exc).__name__}); see the server log",
                     "server_error", code="internal_error")
 

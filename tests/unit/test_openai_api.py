@@ -128,3 +128,11 @@ def test_chunks_and_usage_in_openais_shapes():
     line = sse({"a": "é"})
     assert line.startswith("data: ") and line.endswith("\n\n")
     assert json.loads(line[6:]) == {"a": "é"}
+
+
+def test_service_errors_name_the_openai_parameter():
+    err = from_exception(InvalidArgument("num_draft_tokens must be in [0, 8], got 99"))
+    assert (err.status, err.param) == (400, "num_draft_tokens")
+    assert from_exception(InvalidArgument("max_new_tokens must be in [1, 4096]")).param == \
+        "max_tokens"
+    assert from_exception(InvalidArgument("prompt is 9000 tokens; ...")).param is None
