@@ -1,0 +1,84 @@
+"""A GenerateRequest from keyword arguments: the options both clients take.
+
+An option left at its default is left unset on the wire, which is what the server
+reads as its own default: temperature 0 is greedy, top_k 0 and top_p 0 are off, seed 0
+is the seed (every random draw derives from it, so equal requests give equal text),
+and num_draft_tokens None lets the coordinator choose K. The server validates
+everything; a bad value comes back as InvalidArgumentError with its message.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TypedDict
+
+from specdec.v1 import common_pb2, generate_pb2
+
+# The server has no default for max_new_tokens (0 is invalid); this is the CLI's.
+DEFAULT_MAX_NEW_TOKENS = 128
+
+Message = Mapping[str, str] | tuple[str, str]
+
+
+class GenerateOptions(TypedDict, total=False):
+    """The keyword options of Client/AsyncClient generate() and stream()."""
+
+    messages: Iterable[Message] | None
+    prompt_token_ids: Sequence[int] | None
+    max_new_tokens: int
+    temperature: float
+    top_p: float | None
+    top_k: int | None
+    seed: int | None
+    stop: Iterable[str]
+    num_draft_tokens: int | None
+
+
+def build_request(prompt: str | None = None, *, messages: Iterable[Message] | None = None,
+                  prompt_token_ids: Sequence[int] | None = None,
+                  max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, temperature: float = 0.0,
+                  top_p: float | None = None, top_k: int | None = None,
+                  seed: int | None = None, stop: Iterable[str] = (),
+                  num_draft_tokens: int | None = None) -> generate_pb2.GenerateRequest:
+    """The request for one generation.
+
+    Give exactly one of `prompt` (raw text), `messages` (chat turns through the model's
+    chat template: {"role": ..., "content": ...} dicts or (role, content) tuples, roles
+    "system", "user" or "assistant") and `prompt_token_ids`.
+
+    max_new_tokens: most tokens to generate (the server caps it, 4096 by default).
+    temperature: 0 = greedy; top_k: keep the k most likely tokens (None or 0 = off);
+    top_p: keep the smallest set with mass >= top_p (None, 0 or 1 = off); seed: of
+    every random draw (None = 0). stop: strings that end the generation (cut from the
+    text). num_draft_tokens: K draft tokens per round, 0 = target only, None = the
+    coordinator's default (which may vary it with load).
+    """
+    request = generate_pb2.GenerateRequest(
+        max_new_tokens=max_new_tokens, stop=_strings(stop),
+        sampling=common_pb2.SamplingParams(temperature=temperature, top_k=top_k or 0,
+                                           top_p=top_p or 0.0, seed=seed or 0))
+    if prompt is not None:
+        request.prompt = prompt
+    if messages is not None:
+        request.messages.extend(_chat_message(m) for m in messages)
+    if prompt_token_ids is not None:
+        request.prompt_token_ids.extend(prompt_token_ids)
+    if num_draft_tokens is not None:
+        request.num_draft_tokens = num_draft_tokens
+    return request
+
+
+def _strings(stop: Iterable[str]) -> list[str]:
+    if isinstance(stop, str):  # one stop string, not its characters
+        return [stop]
+    return list(stop)
+
+
+def _chat_message(message: Message) -> generate_pb2.ChatMessage:
+    if isinstance(message, Mapping):
+        return generate_pb2.ChatMessage(role=message["role"], content=message["content"])
+    if isinstance(message, tuple) and len(message) == 2:
+        role, content = message
+        return generate_pb2.ChatMessage(role=role, content=content)
+    raise TypeError("a chat message is a {'role': ..., 'content': ...} dict or a "
+                    f"(role, content) tuple, got {message!r}")
