@@ -15,51 +15,47 @@ log = logging.getLogger("specdec")
 DEMO_PROMPT = "Explain in a few sentences why the sky is blue."
 
 
-def build_request(args: argparse.Namespace):
-    from specdec.v1 import common_pb2, generate_pb2
-
-    req = generate_pb2.GenerateRequest(
-        max_new_tokens=args.max_new_tokens, stop=args.stop or [],
-        sampling=common_pb2.SamplingParams(temperature=args.temperature, top_k=args.top_k,
-                                           top_p=args.top_p, seed=args.seed),
-    )
+def request_options(args: argparse.Namespace) -> dict:
+    """`specdec generate`'s flags as Client.generate/stream keyword options."""
+    options = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                   top_k=args.top_k, top_p=args.top_p, seed=args.seed, stop=args.stop or (),
+                   num_draft_tokens=args.k)
     if args.chat:
-        req.messages.add(role="user", content=args.prompt)
+        options["messages"] = [("user", args.prompt)]
     else:
-        req.prompt = args.prompt
-    if args.k is not None:
-        req.num_draft_tokens = args.k
-    return req
+        options["prompt"] = args.prompt
+    return options
 
 
 def generate(args: argparse.Namespace) -> int:
-    import grpc
+    """One generation through specdec.client.Client: the text, or with --json the wire
+    fields (one JSON object per chunk with --stream); a failed call prints its status."""
     from google.protobuf.json_format import MessageToDict
 
-    from specdec.v1 import generate_pb2_grpc
+    from specdec.client import Client, SpecdecAPIError
+    from specdec.client.convert import chunk_to_proto, completion_to_proto
 
-    req = build_request(args)
-    with grpc.insecure_channel(args.address) as channel:
-        stub = generate_pb2_grpc.GeneratorStub(channel)
+    options = request_options(args)
+    with Client(args.address, timeout=args.timeout) as client:
         try:
             if args.stream:
-                for chunk in stub.GenerateStream(req, timeout=args.timeout):
+                for chunk in client.stream(**options):
                     if args.json:
-                        print(json.dumps(MessageToDict(chunk)), flush=True)
+                        print(json.dumps(MessageToDict(chunk_to_proto(chunk))), flush=True)
                     else:
                         print(chunk.text, end="", flush=True)
                 if not args.json:
                     print()
                 return 0
-            resp = stub.Generate(req, timeout=args.timeout)
-        except grpc.RpcError as e:
-            print(f"error: {e.code().name}: {e.details()}", file=sys.stderr)
+            completion = client.generate(**options)
+        except SpecdecAPIError as e:
+            print(f"error: {e.status_name}: {e.message}", file=sys.stderr)
             return 1
     if args.json:
-        print(json.dumps(MessageToDict(resp, always_print_fields_with_no_presence=True),
-                         indent=2))
+        print(json.dumps(MessageToDict(completion_to_proto(completion),
+                                       always_print_fields_with_no_presence=True), indent=2))
     else:
-        print(resp.text)
+        print(completion.text)
     return 0
 
 
