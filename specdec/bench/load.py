@@ -8,7 +8,9 @@ streams start together and the window ends with the last answer. Two loop varian
 through the same system, interleaved per concurrency level: target-only (the request
 says num_draft_tokens = 0, as specdec.bench.system does) and the coordinator's default
 speculative loop (num_draft_tokens left unset, so the coordinator applies its default K;
-generate.proto: "0 = target only; unset = server default"). Peers under load
+generate.proto: "0 = target only; unset = server default"). `--api http` runs the same
+variants through the coordinator's OpenAI-compatible HTTP API with SSE streaming
+(specdec.bench.load_http), interleaved with the gRPC ones. Peers under load
 (specdec.bench.load_peers) produce the same windows. The records (Load, LoadSample,
 Window), the statistics and the outputs are in specdec.bench.load_report.
 """
@@ -27,9 +29,9 @@ from pathlib import Path
 from tqdm import tqdm
 
 from specdec.bench.load_report import Load, LoadSample, Window
-from specdec.bench.system import BASELINE
 
 SPECULATIVE = "specdec (coordinator's default K)"
+APIS = ("grpc", "http")
 
 
 def run_streams(load: Load, stream: Callable[[Load, int, Callable[[], float]], list]
@@ -70,6 +72,8 @@ class GrpcVariant:
     """One loop variant through a coordinator's Generator.GenerateStream: `k` 0 =
     target-only, None = the coordinator's default K (num_draft_tokens left unset)."""
 
+    api = "grpc"
+    reference_api = None  # its own reference windows
     may_fail = False
     connect_timeout_s = 60.0
 
@@ -78,7 +82,8 @@ class GrpcVariant:
 
     def window(self, load: Load, phase: str = "measure") -> Window:
         seconds, samples = run_streams(load, self._stream)
-        return Window(self.name, self.baseline, load.concurrency, seconds, samples, phase)
+        return Window(self.name, self.baseline, load.concurrency, seconds, samples, phase,
+                      api=self.api)
 
     def _stream(self, load: Load, stream: int, start: Callable[[], float]) -> list:
         import grpc
@@ -131,8 +136,9 @@ def run_levels(scenarios: Sequence, levels: Sequence[int], load_for: Callable[[i
                repeats: int = 1, *, reference: bool = True, failed: dict | None = None,
                desc: str = "load", say: Callable[[str], None] = print) -> list[Window]:
     """A warm-up request through every scenario (discarded); for a greedy run
-    (`reference`) every prompt alone through each scenario that is its own baseline (the
-    outputs every other window is checked against); then per concurrency level,
+    (`reference`) every prompt alone through each scenario that is its own baseline and
+    names no other API's reference (the outputs every other window is checked against);
+    then per concurrency level,
     `repeats` times, every scenario in turn. A scenario with a true `may_fail` (a peer)
     that raises is noted in `failed` (name -> error) and skipped from then on."""
     failed = {} if failed is None else failed
@@ -159,16 +165,17 @@ def run_levels(scenarios: Sequence, levels: Sequence[int], load_for: Callable[[i
     if reference:
         every_prompt = replace(alone, requests_per_stream=len(alone.messages))
         for scenario in scenarios:
-            if scenario.baseline is None:
+            if scenario.baseline is None and getattr(scenario, "reference_api", None) is None:
                 attempt(scenario, every_prompt, "reference")
     jobs = [(n, sc) for n in levels for _ in range(repeats) for sc in scenarios]
     bar = tqdm(jobs, desc=desc, unit="window")
     for n, scenario in bar:
-        bar.set_postfix_str(f"N={n} {scenario.name[:40]}")
+        api = getattr(scenario, "api", "")
+        bar.set_postfix_str(f"N={n} {api} {scenario.name[:40]}")
         window = attempt(scenario, load_for(n), "measure")
         if window is not None and window.seconds:
             tokens = sum(s.tokens for s in window.samples)
-            bar.write(f"  N={n:<3d} {scenario.name}: {tokens / window.seconds:.1f} tok/s, "
+            bar.write(f"  N={n:<3d} {api} {scenario.name}: {tokens / window.seconds:.1f} tok/s, "
                       f"{sum(s.error is not None for s in window.samples)} errors",
                       file=sys.stderr)
     return windows
@@ -176,7 +183,7 @@ def run_levels(scenarios: Sequence, levels: Sequence[int], load_for: Callable[[i
 
 def run(args: argparse.Namespace) -> int:
     from specdec import stack
-    from specdec.bench import drain, load_peers, load_report
+    from specdec.bench import drain, load_http, load_peers, load_report
     from specdec.bench import prompts as bench_prompts
     from specdec.bench.cli import _list, machine
     from specdec.client_cli import stack_config
@@ -186,6 +193,7 @@ def run(args: argparse.Namespace) -> int:
         print(message, file=sys.stderr, flush=True)
 
     levels = sorted({int(n) for n in _list(args.concurrency)})
+    apis = list(dict.fromkeys(_list(args.api)))
     messages = tuple(m for _, m in bench_prompts.PROMPTS)
     greedy = args.temperature == 0
 
@@ -202,7 +210,7 @@ def run(args: argparse.Namespace) -> int:
                   "max_new_tokens": args.max_new_tokens, "temperature": args.temperature,
                   "requests_per_stream": None if args.duration_s else args.requests_per_stream,
                   "duration_s": args.duration_s, "repeats": args.repeats,
-                  "prompts": len(messages), "command": " ".join(sys.argv),
+                  "prompts": len(messages), "apis": apis, "command": " ".join(sys.argv),
                   "date": time.strftime("%Y-%m-%d"), "failed": {}}
     with ExitStack() as es:
         irs = {}
@@ -218,14 +226,14 @@ def run(args: argparse.Namespace) -> int:
         ports: dict[str, int] = {}
         if not args.address:
             pair, ports = drain.with_metrics_ports(cfg.pair)
-            cfg.pair = pair
+            cfg.pair, cfg.http_port = pair, drain.free_port()
         if args.address:
-            address = args.address
-            meta["coordinator"] = f"given: {address}"
+            address, http_url = args.address, args.http_address
+            meta["coordinator"] = f"given: {address}, HTTP {http_url or '-'}"
         else:
             say("== starting target, draft and coordinator (as `specdec up`)")
             running = stack.start(cfg, es, echo=args.verbose)
-            address = running.address
+            address, http_url = running.address, running.http_url
             processes = {name: p.proc.pid for name, p in (
                 ("target", running.target), ("draft", running.draft),
                 ("coordinator", running.coordinator)) if p is not None}
@@ -236,8 +244,7 @@ def run(args: argparse.Namespace) -> int:
                                     f"{'pipelined' if cfg.pipeline else 'sequential'} rounds",
                         target_args=cfg.pair.target.args(0, cpus["target"]),
                         draft_args=None if cfg.no_draft else cfg.pair.draft.args(0, cpus["draft"]))
-        system = [GrpcVariant(address, 0, BASELINE),
-                  GrpcVariant(address, None, SPECULATIVE, BASELINE)]
+        system = load_http.system_variants(apis, address, http_url)
         options = dict(irs, k=cfg.k, precision="f32")
         windows: list[Window] = []
         # One pass per peer set-up, so only one set-up's peers hold models at a time; the
@@ -279,6 +286,7 @@ def add_parser(sub) -> None:
                     "closed loop of GenerateStream requests over the shipped prompt mix) "
                     "through the coordinator, for target-only (num_draft_tokens=0) and the "
                     "coordinator's default speculative loop (num_draft_tokens unset), "
+                    "through its gRPC API and/or (--api) its HTTP API with SSE streaming, "
                     "interleaved per N, beside OpenVINO GenAI's continuous-batching pipeline "
                     "(plain and with the draft) on the same IRs in f32. Writes load.json, "
                     "load.md and PNG plots. Exit 1 on any failed request or, greedy, any "
@@ -302,9 +310,18 @@ def add_parser(sub) -> None:
                    help="0 = greedy, which also checks exactness (default: %(default)s)")
     p.add_argument("--timeout", type=float, default=600.0,
                    help="deadline of each request in seconds (default: %(default)s)")
+    p.add_argument("--api", default="grpc",
+                   help="client APIs, comma-separated, run interleaved: grpc = "
+                        "Generator.GenerateStream; http = POST /v1/chat/completions with "
+                        "stream=true (SSE) on the coordinator's HTTP API "
+                        "(default: %(default)s)")
     p.add_argument("--address", metavar="HOST:PORT",
                    help="use a running coordinator instead of starting the stack (the stack "
                         "flags below are then ignored; --k still sets the GenAI peer's K)")
+    p.add_argument("--http-address", metavar="HOST:PORT",
+                   help="with --address and --api http: the running coordinator's HTTP "
+                        "API (its --http-port); started here, the coordinator gets a free "
+                        "port")
     p.add_argument("--peers", default="genai", choices=["genai", "none"],
                    help="genai = OpenVINO GenAI's continuous-batching pipeline, plain and "
                         "with the int8 draft, K = --k (SmolLM2-135M only); none = no peers "
@@ -324,6 +341,11 @@ def add_parser(sub) -> None:
         if unknown:
             p.error(f"unknown --peer-setups value(s): {', '.join(unknown)}; "
                     f"choose among {', '.join(SETUPS)}")
+        apis = [a.strip() for a in args.api.split(",") if a.strip()]
+        if not apis or set(apis) - set(APIS):
+            p.error(f"--api takes a comma list of {', '.join(APIS)}, got {args.api!r}")
+        if args.address and "http" in apis and not args.http_address:
+            p.error("--api http with --address needs --http-address HOST:PORT")
         return run(args)
 
     p.set_defaults(func=main)

@@ -1,7 +1,8 @@
 """What `specdec load` records and reports: the job of one measurement window (Load),
 its records (LoadSample per request, Window), and the figures made from them: rows per
-(scenario, concurrency), JSON, Markdown and PNG plots (the style of specdec.bench.report).
-The driver is specdec.bench.load; the GenAI peer, specdec.bench.load_peers.
+(api, scenario, concurrency), JSON, Markdown and PNG plots (the style of
+specdec.bench.report). The drivers are specdec.bench.load (gRPC) and
+specdec.bench.load_http (HTTP/SSE); the GenAI peer, specdec.bench.load_peers.
 
 The load figures are not section 12's per-request speedup (docs/design.md): under load
 the question is how many tokens the whole system delivers per second, and at what
@@ -37,7 +38,7 @@ class LoadSample(Sample):
     chunk_times: list[float] = field(default_factory=list)  # since sent, token chunks only
     chunk_tokens: list[int] = field(default_factory=list)  # tokens in each of those chunks
     k_per_round: list[int] = field(default_factory=list)  # from the final GenerationStats
-    error: str | None = None  # the gRPC status code's name (or a peer's failure status)
+    error: str | None = None  # gRPC status code name (HTTP: the same), or a peer's status
 
 
 @dataclass
@@ -51,6 +52,8 @@ class Window:
     seconds: float  # from the streams' common start to the last answer
     samples: list[LoadSample]
     phase: str = "measure"  # or "reference": each prompt alone, for the exactness check
+    api: str = ""  # DEFINITIONS["api"]: "grpc", "http"; "" = a peer, no client API
+    reference_api: str | None = None  # whose reference windows to check with; None: api
 
 
 @dataclass(frozen=True)
@@ -99,12 +102,20 @@ DEFINITIONS = {
            "chunks of a request divided by the tokens in the later chunk, counted once "
            "per token (a speculative round streams several tokens in one chunk); TTFT = "
            "request sent to its first token-carrying chunk.",
+    "icl": "inter-chunk latency = the gap between consecutive content-carrying chunks "
+           "of a request (a gRPC chunk or an SSE event with token ids), not divided by "
+           "their tokens, counted once per gap: the ITL when each chunk is one token "
+           "(target-only), the time between rounds for a speculative loop.",
+    "api": "api = the client API: grpc = Generator.GenerateStream; http = POST "
+           "/v1/chat/completions with stream=true, server-sent events; the same requests; "
+           "- = a peer. Greedy outputs of both are checked against one reference (each "
+           "prompt alone, target-only, through the first api).",
 }
 
 
 @dataclass
 class LoadRow:
-    scenario: str
+    scenario: str  # the loop variant (or peer); `api` says how it was reached
     concurrency: int
     baseline: str | None
     requests: int
@@ -125,6 +136,9 @@ class LoadRow:
     tokens_per_round: float | None = None
     compared: int = 0  # greedy outputs checked against the same prompt alone
     mismatches: int | None = None  # of those, how many differ (None: not checked)
+    icl_p50_ms: float | None = None  # DEFINITIONS["icl"]
+    icl_p95_ms: float | None = None
+    api: str = ""  # DEFINITIONS["api"]; "" = a peer
 
 
 def percentile(xs, q: float) -> float | None:
@@ -148,6 +162,11 @@ def inter_token_latencies(s: LoadSample) -> list[float]:
     return out
 
 
+def inter_chunk_latencies(s: LoadSample) -> list[float]:
+    """DEFINITIONS["icl"]: seconds between a request's consecutive token chunks."""
+    return [cur - prev for prev, cur in zip(s.chunk_times, s.chunk_times[1:], strict=False)]
+
+
 def stream_rates(w: Window) -> list[float]:
     """DEFINITIONS["stream"], one value per stream of the window."""
     by_stream: dict[int, list[LoadSample]] = defaultdict(list)
@@ -165,29 +184,31 @@ def _ms(x: float | None) -> float | None:
     return None if x is None else 1000 * x
 
 
-def _references(windows: list[Window]) -> dict[tuple[str, str], list[int]]:
-    refs: dict[tuple[str, str], list[int]] = {}
+def _references(windows: list[Window]) -> dict[tuple[str, str, str], list[int]]:
+    """(api, scenario, prompt) -> the token ids of that prompt generated alone."""
+    refs: dict[tuple[str, str, str], list[int]] = {}
     for w in windows:
         if w.phase == "reference":
             for s in w.samples:
                 if s.error is None:
-                    refs.setdefault((w.scenario, s.prompt), list(s.token_ids))
+                    refs.setdefault((w.api, w.scenario, s.prompt), list(s.token_ids))
     return refs
 
 
 def summarise(windows: list[Window], greedy: bool = True) -> list[LoadRow]:
-    """One row per (scenario, concurrency) of the measurement windows, in run order.
-    Greedy: every output is compared with the same prompt generated alone (the
-    reference windows) by the row's baseline, or by the scenario itself without one."""
-    groups: dict[tuple[str, int], list[Window]] = defaultdict(list)
+    """One row per (api, scenario, concurrency) of the measurement windows, in run
+    order. Greedy: every output is compared with the same prompt generated alone (the
+    reference windows) by the row's baseline, or by the scenario itself without one,
+    through the window's reference_api (else its api)."""
+    groups: dict[tuple[str, str, int], list[Window]] = defaultdict(list)
     for w in windows:
         if w.phase == "measure":
-            groups[(w.scenario, w.concurrency)].append(w)
+            groups[(w.api, w.scenario, w.concurrency)].append(w)
     refs = _references(windows)
     rows = [_row(ws, refs if greedy else None) for ws in groups.values()]
-    aggregate = {(r.scenario, r.concurrency): r.aggregate_tps for r in rows}
+    aggregate = {(r.api, r.scenario, r.concurrency): r.aggregate_tps for r in rows}
     for r in rows:
-        base = aggregate.get((r.baseline, r.concurrency)) if r.baseline else None
+        base = aggregate.get((r.api, r.baseline, r.concurrency)) if r.baseline else None
         r.throughput_ratio = r.aggregate_tps / base if base else None
     return rows
 
@@ -199,6 +220,7 @@ def _row(ws: list[Window], refs: dict | None) -> LoadRow:
     tokens, seconds = sum(s.tokens for s in samples), sum(w.seconds for w in ws)
     ttft = [s.ttft for s in ok if s.ttft is not None]
     itl = [x for s in ok for x in inter_token_latencies(s)]
+    icl = [x for s in ok for x in inter_chunk_latencies(s)]
     rates = [x for w in ws for x in stream_rates(w)]
     row = LoadRow(w0.scenario, w0.concurrency, w0.baseline, len(samples), tokens, seconds,
                   tokens / seconds if seconds else 0.0, None,
@@ -206,7 +228,9 @@ def _row(ws: list[Window], refs: dict | None) -> LoadRow:
                   _ms(percentile(ttft, 50)), _ms(percentile(ttft, 95)),
                   _ms(percentile(itl, 50)), _ms(percentile(itl, 95)),
                   _ms(percentile([s.seconds for s in ok], 50)),
-                  dict(Counter(s.error for s in samples if s.error is not None)))
+                  dict(Counter(s.error for s in samples if s.error is not None)),
+                  icl_p50_ms=_ms(percentile(icl, 50)), icl_p95_ms=_ms(percentile(icl, 95)),
+                  api=w0.api)
     row.rounds = sum(s.rounds for s in ok)
     ks = [k for s in ok for k in s.k_per_round]
     drafted = sum(s.drafted for s in ok)
@@ -215,28 +239,31 @@ def _row(ws: list[Window], refs: dict | None) -> LoadRow:
         row.tokens_per_round = sum(s.tokens for s in ok) / row.rounds
     row.acceptance = sum(s.accepted for s in ok) / drafted if drafted else None
     if refs is not None:
-        ref = w0.baseline or w0.scenario
-        checked = [s for s in ok if (ref, s.prompt) in refs]
+        ref = (w0.reference_api or w0.api, w0.baseline or w0.scenario)
+        checked = [s for s in ok if (*ref, s.prompt) in refs]
         row.compared = len(checked)
-        row.mismatches = sum(s.token_ids != refs[(ref, s.prompt)] for s in checked)
+        row.mismatches = sum(s.token_ids != refs[(*ref, s.prompt)] for s in checked)
     return row
 
 
 def table(rows: list[LoadRow]) -> list[str]:
-    """The Markdown table, by concurrency then scenario in run order."""
-    out = ["| N | scenario | requests | aggregate tok/s | throughput ratio | per-stream tok/s "
-           "| TTFT p50 / p95 ms | ITL p50 / p95 ms | latency p50 ms | mean K | acceptance "
-           "| errors | exact |", "|" + "---|" * 13]
-    order = {name: i for i, name in enumerate(dict.fromkeys(r.scenario for r in rows))}
-    for r in sorted(rows, key=lambda r: (r.concurrency, order[r.scenario])):
+    """The Markdown table, by concurrency then (api, scenario) in run order."""
+    out = ["| N | api | scenario | requests | aggregate tok/s | throughput ratio "
+           "| per-stream tok/s | TTFT p50 / p95 ms | ITL p50 / p95 ms "
+           "| inter-chunk p50 / p95 ms | latency p50 ms | mean K | acceptance | errors "
+           "| exact |", "|" + "---|" * 15]
+    order = {k: i for i, k in enumerate(dict.fromkeys((r.api, r.scenario) for r in rows))}
+    for r in sorted(rows, key=lambda r: (r.concurrency, order[(r.api, r.scenario)])):
         errors = ", ".join(f"{k} {v}" for k, v in sorted(r.errors.items())) or "0"
         exact = "-" if r.mismatches is None or not r.compared else (
             f"yes ({r.compared})" if not r.mismatches else f"NO ({r.mismatches}/{r.compared})")
         out.append(
-            f"| {r.concurrency} | {r.scenario} | {r.requests} | {r.aggregate_tps:.1f} | "
-            f"{_fmt(r.throughput_ratio, '.2f', 'x')} | {_fmt(r.stream_tps_median, '.1f')} | "
+            f"| {r.concurrency} | {r.api or '-'} | {r.scenario} | {r.requests} | "
+            f"{r.aggregate_tps:.1f} | {_fmt(r.throughput_ratio, '.2f', 'x')} | "
+            f"{_fmt(r.stream_tps_median, '.1f')} | "
             f"{_fmt(r.ttft_p50_ms, '.0f')} / {_fmt(r.ttft_p95_ms, '.0f')} | "
             f"{_fmt(r.itl_p50_ms, '.1f')} / {_fmt(r.itl_p95_ms, '.1f')} | "
+            f"{_fmt(r.icl_p50_ms, '.1f')} / {_fmt(r.icl_p95_ms, '.1f')} | "
             f"{_fmt(r.latency_p50_ms, '.0f')} | {_fmt(r.mean_k)} | {_fmt(r.acceptance)} | "
             f"{errors} | {exact} |")
     return out
@@ -248,7 +275,7 @@ def markdown(rows: list[LoadRow], meta: dict) -> str:
     out = [f"Machine: {meta.get('machine', '?')}. Coordinator: {meta.get('coordinator', '?')}. "
            f"{meta.get('prompts')} prompts, {meta.get('max_new_tokens')} new tokens, "
            f"temperature {meta.get('temperature')}, {how_long}, {meta.get('repeats')} "
-           "window(s) per (scenario, N), interleaved.", ""]
+           "window(s) per (api, scenario, N), interleaved.", ""]
     out += [f"- {d}" for d in DEFINITIONS.values()]
     out += [""] + table(rows) + [""]
     out += [f"Peers: {meta['peer_config']}."] if meta.get("peer_config") else []
@@ -270,9 +297,9 @@ def plots(rows: list[LoadRow], out_dir: Path) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    by_scenario: dict[str, list[LoadRow]] = defaultdict(list)
+    by_scenario: dict[str, list[LoadRow]] = defaultdict(list)  # one line per (api, scenario)
     for r in sorted(rows, key=lambda r: r.concurrency):
-        by_scenario[r.scenario].append(r)
+        by_scenario[_label_of(r)].append(r)
     color = {name: f"C{i % 10}" for i, name in enumerate(by_scenario)}  # one per scenario
     files = []
     fig, ax = plt.subplots(figsize=(7, 6))
@@ -304,6 +331,10 @@ def plots(rows: list[LoadRow], out_dir: Path) -> list[Path]:
     return files
 
 
+def _label_of(r: LoadRow) -> str:
+    return f"{r.api}: {r.scenario}" if r.api else r.scenario
+
+
 def _label(ax, ylabel: str, title: str, xlabel: str | None = None) -> None:
     """Axes labels and legend; without `xlabel`, x is the concurrency on a log2 scale."""
     if xlabel is None:
@@ -320,10 +351,11 @@ def _label(ax, ylabel: str, title: str, xlabel: str | None = None) -> None:
 def failures(rows: list[LoadRow]) -> list[str]:
     """What makes `specdec load` exit 1: failed requests, and greedy outputs that differ
     from the same prompt generated alone."""
-    out = [f"{r.scenario} N={r.concurrency}: {sum(r.errors.values())} failed requests "
+    out = [f"{_label_of(r)} N={r.concurrency}: {sum(r.errors.values())} failed requests "
            f"{r.errors}" for r in rows if r.errors]
-    return out + [f"{r.scenario} N={r.concurrency}: {r.mismatches} of {r.compared} greedy "
-                  "outputs differ from the same prompt's alone" for r in rows if r.mismatches]
+    return out + [f"{_label_of(r)} N={r.concurrency}: {r.mismatches} of {r.compared} "
+                  "greedy outputs differ from the same prompt's alone"
+                  for r in rows if r.mismatches]
 
 
 def write(rows: list[LoadRow], meta: dict, out_dir: Path) -> tuple[str, list[Path]]:

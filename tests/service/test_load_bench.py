@@ -1,12 +1,15 @@
-"""`specdec load` against real things: its driver through a real gRPC Generator server in
-front of the tiny-model services on loopback (fast); the whole command with the Ray Serve
-coordinator, and the GenAI peer on the real model (slow)."""
+"""`specdec load` against real things: its drivers through a real gRPC Generator server
+and the coordinator's HTTP frontend (uvicorn) in front of one GenerationService on the
+tiny-model services on loopback (fast); the whole command with the Ray Serve coordinator,
+through both APIs, and the GenAI peer on the real model (slow)."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
 import socket
+import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -14,6 +17,7 @@ import pytest
 
 from specdec.bench import load_report
 from specdec.bench.load import SPECULATIVE, GrpcVariant, run_levels
+from specdec.bench.load_http import HttpVariant, system_variants
 from specdec.bench.load_report import Load
 from specdec.bench.prompts import PROMPTS
 from specdec.bench.system import BASELINE
@@ -39,20 +43,65 @@ class _Generator(generate_pb2_grpc.GeneratorServicer):
 
 
 @pytest.fixture(scope="module")
-def generator(draft_server, target_server):
+def service(draft_server, target_server):
     from coordinator.config import CoordinatorConfig
     from coordinator.setup import build_service
 
     # Load-aware K off: on the tiny models a draft costs as much as the target, so the
     # controller rightly picks K = 0; this test checks the driver sees the default K.
-    service = build_service(CoordinatorConfig(draft=draft_server[0], target=target_server[0],
-                                              load_aware_k=False))
+    return build_service(CoordinatorConfig(draft=draft_server[0], target=target_server[0],
+                                           load_aware_k=False))
+
+
+@pytest.fixture(scope="module")
+def generator(service):
     server = grpc.server(ThreadPoolExecutor(8))
     generate_pb2_grpc.add_GeneratorServicer_to_server(_Generator(service), server)
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     yield f"127.0.0.1:{port}", service.limits.default_k
     server.stop(0)
+
+
+@pytest.fixture(scope="module")
+def http_api(service):
+    """The coordinator's OpenAI frontend (coordinator.http_api, what the Serve deployment's
+    routes call) on uvicorn, over the same GenerationService: its base URL."""
+    uvicorn = pytest.importorskip("uvicorn")
+    from starlette.applications import Starlette
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    from coordinator.http_api import OpenAIFrontend
+
+    frontend = OpenAIFrontend(service, ThreadPoolExecutor(12), 60.0)
+
+    async def chat(request):
+        return await frontend.chat(request)
+
+    async def models(request):
+        return JSONResponse(frontend.models())
+
+    app = Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"]),
+                            Route("/v1/models", models)])
+    port = _free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
+                                           log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert server.started, "uvicorn did not start"
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(10)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def _outputs(windows, phase, n=None):
@@ -104,31 +153,76 @@ def test_a_duration_window_starts_no_request_after_it(generator):
     assert w.seconds == pytest.approx(max(s.started + s.seconds for s in w.samples))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def test_http_sse_streams_equal_grpc_and_alone(generator, http_api):
+    """--api grpc,http: the same variants through both APIs of one GenerationService,
+    at N = 1, 2; the HTTP outputs are checked against the gRPC reference."""
+    address, default_k = generator
+    variants = system_variants(["grpc", "http"], address, http_api)
+    windows = run_levels(variants, [1, 2], lambda n: Load(n, 6, MESSAGES, 2), say=print)
+    assert [(w.api, w.scenario) for w in windows if w.phase == "reference"] == [
+        ("grpc", BASELINE)]
+    measured = [(w.api, w.scenario, w.concurrency) for w in windows if w.phase == "measure"]
+    assert measured == [(api, sc, n) for n in (1, 2) for api in ("grpc", "http")
+                        for sc in (BASELINE, SPECULATIVE)]
+    alone = {s.prompt: s.token_ids for _, s in _outputs(windows, "reference")}
+    assert set(alone) == set(MESSAGES)
+    for w in windows:
+        for s in w.samples:
+            assert s.error is None, (w.api, w.scenario, s.error)
+            assert s.token_ids == alone[s.prompt], (w.api, w.scenario, w.concurrency)
+            assert s.tokens == len(s.token_ids) == sum(s.chunk_tokens) == len(s.kinds) > 0
+            assert s.ttft == s.chunk_times[0] <= s.seconds and s.text
+            if w.scenario == SPECULATIVE:  # num_draft_tokens absent: the default K
+                assert s.drafted > 0 and max(s.k_per_round) == default_k
+            else:
+                assert s.drafted == 0 and set(s.k_per_round) <= {0} and s.rounds > 0
+    rows = load_report.summarise(windows)
+    assert {r.api for r in rows} == {"grpc", "http"} and len(rows) == 8
+    for r in rows:
+        assert r.errors == {} and r.mismatches == 0 and r.compared == r.requests, r
+        assert r.ttft_p50_ms > 0 and r.icl_p50_ms > 0 and r.icl_p95_ms >= r.icl_p50_ms
+        assert r.itl_p50_ms > 0 and r.latency_p50_ms > 0
+    md = "\n".join(load_report.table(rows))
+    assert f"| 2 | http | {SPECULATIVE} |" in md and f"| 2 | grpc | {SPECULATIVE} |" in md
+
+
+def test_http_errors_are_recorded_with_the_grpc_status_names(http_api):
+    load = Load(1, 4, MESSAGES, 1)
+    variant = HttpVariant(http_api, 0, BASELINE)
+    variant._model = "no-such-model"  # 404 before the stream starts
+    (s,) = variant.window(load).samples
+    assert s.error == "MODEL_NOT_FOUND" and s.tokens == 0 and s.ttft is None
+    variant = HttpVariant(http_api, 10_000, BASELINE)  # K above the draft's limit
+    (s,) = variant.window(load).samples
+    assert s.error == "INVALID_ARGUMENT", s.error
 
 
 @pytest.mark.slow
 def test_specdec_load_command_through_ray_serve(tmp_path):
-    """The whole command: tiny torch pair, coordinator on Ray Serve, N = 1, 2."""
+    """The whole command: tiny torch pair, coordinator on Ray Serve (its HTTP port given
+    by the command), N = 1, 2, through gRPC and HTTP."""
     from specdec.cli import main
 
     out = tmp_path / "load"
-    code = main(["load", "--concurrency", "1,2", "--max-new-tokens", "4",
+    code = main(["load", "--concurrency", "1,2", "--max-new-tokens", "8",
                  "--requests-per-stream", "1", "--peers", "none", "--out", str(out),
+                 "--api", "grpc,http",
                  "--target-model", "tiny-random", "--draft-model", "tiny-random-draft",
                  "--target-arg=--backend=torch", "--draft-arg=--backend=torch",
                  "--threads", "0", "--port", str(_free_port())])
     rows, meta = load_report.load_json(out / "load.json")
     assert code == 0
-    assert {(r.scenario, r.concurrency) for r in rows} == {
-        (BASELINE, 1), (SPECULATIVE, 1), (BASELINE, 2), (SPECULATIVE, 2)}
-    assert all(r.errors == {} and r.mismatches == 0 for r in rows)
-    assert meta["concurrency"] == [1, 2]
+    assert {(r.api, r.scenario, r.concurrency) for r in rows} == {
+        (api, sc, n) for api in ("grpc", "http") for sc in (BASELINE, SPECULATIVE)
+        for n in (1, 2)}
+    for r in rows:
+        assert r.errors == {} and r.compared == r.requests and r.mismatches == 0, r
+        assert r.ttft_p50_ms > 0 and r.icl_p50_ms > 0 and r.icl_p95_ms >= r.icl_p50_ms, r
+    assert meta["concurrency"] == [1, 2] and meta["apis"] == ["grpc", "http"]
     assert (out / "throughput_vs_concurrency.png").exists()
-    assert "| 2 | " + SPECULATIVE in (out / "load.md").read_text()
+    md = (out / "load.md").read_text()
+    assert "| 2 | grpc | " + SPECULATIVE in md and "| 2 | http | " + SPECULATIVE in md
+    assert "inter-chunk latency = " in md
     json.loads((out / "load.json").read_text())
 
 
