@@ -67,6 +67,9 @@ def up(args: argparse.Namespace) -> int:
         s = stack.start(cfg, es, echo=args.verbose)
         print(f"specdec is up: coordinator {s.address}  target {s.target.address}"
               + (f"  draft {s.draft.address}" if s.draft else "  (no draft)"), flush=True)
+        if s.http_url:
+            print(f"HTTP: {s.http_url}/v1 (OpenAI-compatible), demo page {s.http_url}/demo",
+                  flush=True)
         print('try: specdec generate --chat "Hello!"   (Ctrl-C stops everything)', flush=True)
         done = threading.Event()
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -138,7 +141,7 @@ def stack_config(args: argparse.Namespace):
     pair = Pair(DEFAULT_PAIR.name if not (args.draft_arg or args.target_arg) else "custom",
                 spec(DEFAULT_PAIR.target, args.target_model, args.target_arg),
                 spec(DEFAULT_PAIR.draft, args.draft_model, args.draft_arg))
-    return StackConfig(pair=pair, k=args.k_default, port=args.port,
+    return StackConfig(pair=pair, k=args.k_default, port=args.port, http_port=args.http_port,
                        draft_port=args.draft_port, target_port=args.target_port,
                        pin=not args.no_pin, no_draft=args.no_draft,
                        pipeline=not args.no_pipeline)
@@ -171,6 +174,9 @@ def add_stack_flags(p: argparse.ArgumentParser) -> None:
                    help="draft tokens per round (default: %(default)s)")
     p.add_argument("--port", type=int, default=d.port,
                    help="coordinator gRPC port (default: %(default)s)")
+    p.add_argument("--http-port", type=int, default=d.http_port,
+                   help="coordinator HTTP port: the OpenAI-compatible API and the browser "
+                        "demo at /demo; 0 = not exposed (default: %(default)s)")
     p.add_argument("--draft-port", type=int, default=d.draft_port,
                    help="draft service port (default: %(default)s)")
     p.add_argument("--target-port", type=int, default=d.target_port,
