@@ -22,6 +22,7 @@ name for specdec's errors (coordinator.openai_api), else HTTP_<status>.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Callable
 
@@ -67,6 +68,8 @@ class HttpVariant:
         self.k, self.name, self.baseline = k, name, baseline
         self.reference_api = reference_api
         self._model: str | None = None
+        # httpx logs every request at INFO, which `specdec` turns on: thousands of lines.
+        logging.getLogger("httpx").setLevel(logging.WARNING)
 
     def window(self, load: Load, phase: str = "measure") -> Window:
         seconds, samples = run_streams(load, self._stream)
