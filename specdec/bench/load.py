@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import threading
 import time
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
@@ -28,44 +27,12 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from specdec.bench.load_http import HttpVariant, run_streams
 from specdec.bench.load_report import Load, LoadSample, Window
+from specdec.bench.system import BASELINE
 
 SPECULATIVE = "specdec (coordinator's default K)"
 APIS = ("grpc", "http")
-
-
-def run_streams(load: Load, stream: Callable[[Load, int, Callable[[], float]], list]
-                ) -> tuple[float, list[LoadSample]]:
-    """`load.concurrency` threads, each running `stream(load, index, start)`: it connects,
-    then calls `start()`, which returns once every stream is connected, with the window's
-    common start (time.perf_counter()), and returns its samples. Returns (the window's
-    seconds, from that start to the last answer; all samples)."""
-    n = load.concurrency
-    t0: list[float] = []
-    barrier = threading.Barrier(n, action=lambda: t0.append(time.perf_counter()))
-    results: list[list[LoadSample]] = [[] for _ in range(n)]
-    failures: list[BaseException] = []
-
-    def start() -> float:
-        barrier.wait()
-        return t0[0]
-
-    def work(i: int) -> None:
-        try:
-            results[i] = stream(load, i, start)
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
-            failures.append(exc)
-            barrier.abort()
-
-    threads = [threading.Thread(target=work, args=(i,), daemon=True) for i in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if failures:
-        raise failures[0]
-    samples = [s for r in results for s in r]
-    return max((s.started + s.seconds for s in samples), default=0.0), samples
 
 
 class GrpcVariant:
@@ -183,7 +150,7 @@ def run_levels(scenarios: Sequence, levels: Sequence[int], load_for: Callable[[i
 
 def run(args: argparse.Namespace) -> int:
     from specdec import stack
-    from specdec.bench import drain, load_http, load_peers, load_report
+    from specdec.bench import drain, load_peers, load_report
     from specdec.bench import prompts as bench_prompts
     from specdec.bench.cli import _list, machine
     from specdec.client_cli import stack_config
@@ -244,7 +211,7 @@ def run(args: argparse.Namespace) -> int:
                                     f"{'pipelined' if cfg.pipeline else 'sequential'} rounds",
                         target_args=cfg.pair.target.args(0, cpus["target"]),
                         draft_args=None if cfg.no_draft else cfg.pair.draft.args(0, cpus["draft"]))
-        system = load_http.system_variants(apis, address, http_url)
+        system = system_variants(apis, address, http_url)
         options = dict(irs, k=cfg.k, precision="f32")
         windows: list[Window] = []
         # One pass per peer set-up, so only one set-up's peers hold models at a time; the
@@ -272,6 +239,24 @@ def run(args: argparse.Namespace) -> int:
     for p in problems:
         say(f"FAILURE: {p}")
     return 1 if problems else 0
+
+
+def system_variants(apis: list[str], address: str, http_url: str | None) -> list:
+    """specdec load's loop variants, target-only and the coordinator's default K, through
+    each API in `apis` order (gRPC at `address`, HTTP at `http_url`); the HTTP outputs
+    are checked against the gRPC reference when gRPC runs too (listed first)."""
+    out: list = []
+    for api in apis:
+        if api == "grpc":
+            out += [GrpcVariant(address, 0, BASELINE),
+                    GrpcVariant(address, None, SPECULATIVE, BASELINE)]
+        elif api == "http":
+            ref = apis[0] if apis[0] != "http" else None
+            out += [HttpVariant(http_url, 0, BASELINE, reference_api=ref),
+                    HttpVariant(http_url, None, SPECULATIVE, BASELINE, reference_api=ref)]
+        else:
+            raise ValueError(f"unknown api {api!r}")
+    return out
 
 
 def add_parser(sub) -> None:

@@ -1,4 +1,6 @@
-"""`specdec load --api http`: the same closed-loop streams through the coordinator's
+"""`specdec load`'s client streams: the thread runner every driver shares (run_streams:
+N streams, a common start, their samples) and the HTTP driver (`--api http`): the same
+closed-loop streams as specdec.bench.load.GrpcVariant's, through the coordinator's
 OpenAI-compatible HTTP API, POST /v1/chat/completions with stream=true, read as
 server-sent events.
 
@@ -23,14 +25,48 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable
 
-from specdec.bench.load import run_streams
 from specdec.bench.load_report import Load, LoadSample, Window
 
 CHAT_PATH = "/v1/chat/completions"
 DATA = "data: "
+
+
+def run_streams(load: Load, stream: Callable[[Load, int, Callable[[], float]], list]
+                ) -> tuple[float, list[LoadSample]]:
+    """`load.concurrency` threads, each running `stream(load, index, start)`: it connects,
+    then calls `start()`, which returns once every stream is connected, with the window's
+    common start (time.perf_counter()), and returns its samples. Returns (the window's
+    seconds, from that start to the last answer; all samples)."""
+    n = load.concurrency
+    t0: list[float] = []
+    barrier = threading.Barrier(n, action=lambda: t0.append(time.perf_counter()))
+    results: list[list[LoadSample]] = [[] for _ in range(n)]
+    failures: list[BaseException] = []
+
+    def start() -> float:
+        barrier.wait()
+        return t0[0]
+
+    def work(i: int) -> None:
+        try:
+            results[i] = stream(load, i, start)
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+            failures.append(exc)
+            barrier.abort()
+
+    threads = [threading.Thread(target=work, args=(i,), daemon=True) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if failures:
+        raise failures[0]
+    samples = [s for r in results for s in r]
+    return max((s.started + s.seconds for s in samples), default=0.0), samples
 
 
 def _kind(name: str) -> int:
@@ -171,23 +207,3 @@ class HttpVariant:
         if not done and s.error is None:
             s.error = "INCOMPLETE_STREAM"  # the connection ended without [DONE]
 
-
-def system_variants(apis: list[str], address: str, http_url: str | None) -> list:
-    """specdec load's loop variants, target-only and the coordinator's default K, through
-    each API in `apis` order (gRPC at `address`, HTTP at `http_url`); the HTTP outputs
-    are checked against the gRPC reference when gRPC runs too (listed first)."""
-    from specdec.bench.load import SPECULATIVE, GrpcVariant
-    from specdec.bench.system import BASELINE
-
-    out: list = []
-    for api in apis:
-        if api == "grpc":
-            out += [GrpcVariant(address, 0, BASELINE),
-                    GrpcVariant(address, None, SPECULATIVE, BASELINE)]
-        elif api == "http":
-            ref = apis[0] if apis[0] != "http" else None
-            out += [HttpVariant(http_url, 0, BASELINE, reference_api=ref),
-                    HttpVariant(http_url, None, SPECULATIVE, BASELINE, reference_api=ref)]
-        else:
-            raise ValueError(f"unknown api {api!r}")
-    return out

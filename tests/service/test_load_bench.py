@@ -16,8 +16,8 @@ import grpc
 import pytest
 
 from specdec.bench import load_report
-from specdec.bench.load import SPECULATIVE, GrpcVariant, run_levels
-from specdec.bench.load_http import HttpVariant, system_variants
+from specdec.bench.load import SPECULATIVE, GrpcVariant, run_levels, system_variants
+from specdec.bench.load_http import HttpVariant
 from specdec.bench.load_report import Load
 from specdec.bench.prompts import PROMPTS
 from specdec.bench.system import BASELINE
