@@ -193,7 +193,9 @@ def run(args: argparse.Namespace) -> int:
         ports: dict[str, int] = {}
         if not args.address:
             pair, ports = drain.with_metrics_ports(cfg.pair)
-            cfg.pair, cfg.http_port = pair, drain.free_port()
+            cfg.pair = pair
+            if cfg.http_port is None:  # not given: a free port (see add_parser)
+                cfg.http_port = drain.free_port()
         if args.address:
             address, http_url = args.address, args.http_address
             meta["coordinator"] = f"given: {address}, HTTP {http_url or '-'}"
@@ -278,7 +280,7 @@ def add_parser(sub) -> None:
                     "output that differs from the same prompt generated alone by "
                     "target-only.",
         epilog="Definitions: " + " ".join(DEFINITIONS.values()) + " Draft and target "
-               "port 0 = a free port.")
+               "port 0 = a free port; the HTTP port, unless given, too.")
     p.add_argument("--concurrency", default="1,2,4,8,16,32",
                    help="concurrency levels N, comma-separated (default: %(default)s)")
     p.add_argument("--max-new-tokens", type=int, default=64,
@@ -305,8 +307,8 @@ def add_parser(sub) -> None:
                         "flags below are then ignored; --k still sets the GenAI peer's K)")
     p.add_argument("--http-address", metavar="HOST:PORT",
                    help="with --address and --api http: the running coordinator's HTTP "
-                        "API (its --http-port); started here, the coordinator gets a free "
-                        "port")
+                        "API (its --http-port); started here, the coordinator's is "
+                        "--http-port, else a free port")
     p.add_argument("--peers", default="genai", choices=["genai", "none"],
                    help="genai = OpenVINO GenAI's continuous-batching pipeline, plain and "
                         "with the int8 draft, K = --k (SmolLM2-135M only); none = no peers "
@@ -319,7 +321,7 @@ def add_parser(sub) -> None:
                    help="folder for load.json, load.md and the plots (default: %(default)s)")
     p.add_argument("--verbose", action="store_true", help="show the services' logs")
     add_stack_flags(p)
-    p.set_defaults(draft_port=0, target_port=0)
+    p.set_defaults(draft_port=0, target_port=0, http_port=None)
 
     def main(args) -> int:
         unknown = [s for s in args.peer_setups.split(",") if s.strip() and s.strip() not in SETUPS]
@@ -331,6 +333,8 @@ def add_parser(sub) -> None:
             p.error(f"--api takes a comma list of {', '.join(APIS)}, got {args.api!r}")
         if args.address and "http" in apis and not args.http_address:
             p.error("--api http with --address needs --http-address HOST:PORT")
+        if not args.address and "http" in apis and args.http_port == 0:
+            p.error("--api http needs the coordinator's HTTP API: no --http-port 0")
         return run(args)
 
     p.set_defaults(func=main)
