@@ -45,6 +45,7 @@ SERVICER_FUNCTIONS = [
     "grpc_health.v1.health_pb2_grpc.add_HealthServicer_to_server",
 ]
 APP_NAME = "specdec"
+HEADROOM = 16  # requests a replica takes beyond --max-concurrency (max_ongoing_requests)
 METRICS_HOST = "0.0.0.0"
 
 
@@ -176,5 +177,14 @@ def application(args: dict):
     }
     return Coordinator.options(
         autoscaling_config=autoscaling,
-        max_ongoing_requests=max(1, config["max_concurrency"]),
+        max_ongoing_requests=max_ongoing_requests(config["max_concurrency"]),
     ).bind(config)
+
+
+def max_ongoing_requests(max_concurrency: int) -> int:
+    """Serve's per-replica cap: the generations plus HEADROOM. Health checks, model
+    listings and the demo page count as ongoing requests too, and must still answer while
+    every generation slot is taken; a generation past --max-concurrency must reach the
+    replica to be refused (RESOURCE_EXHAUSTED / 429) rather than wait unseen in Serve's
+    queue."""
+    return max(1, max_concurrency) + HEADROOM

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import time
+from contextlib import ExitStack
 
 import httpx
 import pytest
@@ -219,3 +220,35 @@ def test_http_and_grpc_validate_alike(http, model, generator_stub, change, field
                                 timeout=30)
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert r.json()["error"]["message"] == info.value.details()
+
+
+def test_past_the_cap_429_and_resource_exhausted_while_health_answers(
+        http, model, coordinator, generator_stub):
+    """The fixture's coordinator admits 4 generations: a 5th gets 429 over HTTP and
+    RESOURCE_EXHAUSTED over gRPC at once (Serve lets it reach the replica), and /health
+    and /v1/models still answer; the held streams are unharmed."""
+    import grpc
+
+    body = {"model": model, "prompt": "Once upon a time", "max_tokens": 2000,
+            "temperature": 0, "num_draft_tokens": 0, "stream": True}
+    with httpx.Client(base_url=coordinator[3], timeout=60) as client, ExitStack() as stack:
+        held = [stack.enter_context(client.stream("POST", "/v1/completions", json=body))
+                for _ in range(4)]
+        lines = [r.iter_lines() for r in held]
+        for r, it in zip(held, lines, strict=True):
+            assert r.status_code == 200
+            assert next(it).startswith("data: ")
+        t0 = time.monotonic()
+        over = http.post("/v1/completions", json={**body, "stream": False})
+        assert over.status_code == 429, over.text
+        assert over.json()["error"]["type"] == "rate_limit_error"
+        assert "concurrency limit" in over.json()["error"]["message"]
+        with pytest.raises(grpc.RpcError) as info:
+            generator_stub.Generate(generate_pb2.GenerateRequest(
+                prompt="x", max_new_tokens=4), timeout=30)
+        assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert http.get("/health").status_code == 200
+        assert http.get("/v1/models").status_code == 200
+        assert time.monotonic() - t0 < 10
+        for it in lines:  # still streaming
+            assert next(line for line in it if line).startswith("data: ")

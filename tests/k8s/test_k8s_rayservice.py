@@ -329,4 +329,7 @@ def test_serve_builds_the_application_from_import_path_and_args(app):
     args = app["args"]
     assert (auto.min_replicas, auto.max_replicas, auto.target_ongoing_requests) == (
         args["min_replicas"], args["max_replicas"], args["target_ongoing_requests"])
-    assert deployment._deployment_config.max_ongoing_requests == args["max_concurrency"]
+    from coordinator.app import HEADROOM
+
+    assert deployment._deployment_config.max_ongoing_requests == \
+        args["max_concurrency"] + HEADROOM
