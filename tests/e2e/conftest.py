@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import time
 
 import grpc
 import pytest
@@ -34,3 +35,14 @@ def coordinator(draft_server, target_server):
 def generator_stub(coordinator):
     with grpc.insecure_channel(coordinator[0]) as channel:
         yield generate_pb2_grpc.GeneratorStub(channel)
+
+
+def sessions_released(draft_engine, target_engine, within_s: float = 3.0) -> bool:
+    """Both services hold no session within `within_s` (a released generation frees its
+    sessions in ~0.1 s; an uncancelled one in the release tests runs ~6 s)."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        if len(draft_engine.model.store) == 0 and len(target_engine.model.store) == 0:
+            return True
+        time.sleep(0.05)
+    return False

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections import Counter
 
 import grpc
@@ -14,6 +13,7 @@ from scipy.stats import chisquare
 from specdec.runtime import models
 from specdec.sampling import SamplingParams, process_logits
 from specdec.v1 import common_pb2, generate_pb2
+from tests.e2e.conftest import sessions_released
 
 pytestmark = pytest.mark.slow
 
@@ -107,14 +107,8 @@ def test_cancelled_stream_releases_sessions(generator_stub, coordinator):
     first = next(stream)
     assert first.token_ids
     stream.cancel()
-    # Released within 3 s (0.1 s measured); the whole generation would take ~6 s.
-    deadline = time.monotonic() + 3
-    while time.monotonic() < deadline:
-        if len(draft_engine.model.store) == 0 and len(target_engine.model.store) == 0:
-            break
-        time.sleep(0.05)
-    assert len(draft_engine.model.store) == 0
-    assert len(target_engine.model.store) == 0
+    assert sessions_released(draft_engine, target_engine), \
+        (len(draft_engine.model.store), len(target_engine.model.store))
 
 
 def test_health_on_the_coordinator_port(coordinator):
