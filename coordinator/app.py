@@ -72,9 +72,11 @@ HTTP = FastAPI(title="specdec", summary="OpenAI-compatible API of a distributed 
                "speculative decoder (see GET /v1/models and /demo)")
 
 
-@serve.deployment(name="Coordinator", ray_actor_options={"num_cpus": 0})
-@serve.ingress(HTTP)
-class Coordinator:
+class CoordinatorReplica:
+    """One replica's state and methods; `Coordinator` below is this class as a Serve
+    deployment with the FastAPI ingress (whose wrapper makes __init__ a coroutine, so
+    tests build this plain class instead)."""
+
     def __init__(self, config: dict):
         from coordinator.config import CoordinatorConfig
         from coordinator.setup import build_service
@@ -159,6 +161,10 @@ class Coordinator:
         yield health_pb2.HealthCheckResponse(status=health_pb2.HealthCheckResponse.SERVING)
         while True:  # the status does not change while the replica lives
             await asyncio.sleep(3600)
+
+
+Coordinator = serve.deployment(name="Coordinator", ray_actor_options={"num_cpus": 0})(
+    serve.ingress(HTTP)(CoordinatorReplica))
 
 
 def application(args: dict):

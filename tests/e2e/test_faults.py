@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import time
 
 import pytest
 
@@ -113,3 +114,43 @@ def test_coordinator_refuses_a_mismatched_pair(tmp_path):
     finally:
         draft.stop()
         target.stop()
+
+
+def test_http_api_answers_503_when_no_target_is_left():
+    """The HTTP API over a service whose only target is killed: a generation gets 503 in
+    OpenAI's error shape (UNAVAILABLE), /health turns 503, and both recover when a target
+    is back on the same address."""
+    import httpx
+
+    from tests.http_frontend import serve_frontend
+
+    target = start_service(TARGET)
+    restarted = []
+    try:
+        service = build_service(CoordinatorConfig(target=target.address, rpc_deadline=5))
+        body = {"model": service.card.id, "prompt": "hello", "max_tokens": 8,
+                "temperature": 0}
+        with serve_frontend(service) as url, httpx.Client(base_url=url, timeout=60) as http:
+            assert http.get("/health").status_code == 200
+            ok = http.post("/v1/completions", json=body)
+            assert ok.status_code == 200, ok.text
+            target.stop(signal.SIGKILL)
+            gone = http.post("/v1/completions", json=body)
+            assert gone.status_code == 503, gone.text
+            assert gone.json()["error"]["type"] == "service_unavailable"
+            assert http.get("/health").status_code == 503
+            restarted.append(start_service(TARGET, int(target.address.rsplit(":", 1)[1])))
+            deadline = time.monotonic() + 30
+            while http.get("/health").status_code != 200 and time.monotonic() < deadline:
+                time.sleep(0.2)
+            # The router's back-off and the channel's reconnect back-off (at most 2 s) may
+            # each refuse a first try: 4 s measured, 12 s before the channel's was capped.
+            deadline = time.monotonic() + 15
+            while (again := http.post("/v1/completions", json=body)).status_code != 200 \
+                    and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert again.status_code == 200, again.text
+            assert again.json()["choices"][0]["text"] == ok.json()["choices"][0]["text"]
+    finally:
+        for proc in [target, *restarted]:
+            proc.stop()

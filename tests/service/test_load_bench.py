@@ -8,8 +8,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import socket
-import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -23,6 +21,7 @@ from specdec.bench.prompts import PROMPTS
 from specdec.bench.system import BASELINE
 from specdec.errors import grpc_status
 from specdec.v1 import generate_pb2_grpc
+from tests.http_frontend import serve_frontend
 
 MESSAGES = tuple(m for _, m in PROMPTS[:2])
 
@@ -65,37 +64,9 @@ def generator(service):
 
 @pytest.fixture(scope="module")
 def http_api(service):
-    """The coordinator's OpenAI frontend (coordinator.http_api, what the Serve deployment's
-    routes call) on uvicorn, over the same GenerationService: its base URL."""
-    uvicorn = pytest.importorskip("uvicorn")
-    from starlette.applications import Starlette
-    from starlette.responses import JSONResponse
-    from starlette.routing import Route
-
-    from coordinator.http_api import OpenAIFrontend
-
-    frontend = OpenAIFrontend(service, ThreadPoolExecutor(12), 60.0)
-
-    async def chat(request):
-        return await frontend.chat(request)
-
-    async def models(request):
-        return JSONResponse(frontend.models())
-
-    app = Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"]),
-                            Route("/v1/models", models)])
-    port = _free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
-                                           log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert server.started, "uvicorn did not start"
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(10)
+    """The coordinator's OpenAI frontend on uvicorn over the same GenerationService."""
+    with serve_frontend(service) as url:
+        yield url
 
 
 def _free_port() -> int:

@@ -75,7 +75,7 @@ def test_a_taken_port_fails_a_model_service_or_moves_a_replica_on(services, capl
         with pytest.raises(OSError, match=f"metrics on 127.0.0.1:{port}"):
             PrometheusModelMetrics("draft").serve(port, "127.0.0.1")
 
-    from coordinator.app import Coordinator
+    from coordinator.app import CoordinatorReplica
 
     (d_addr, _), (t_addr, _) = services
     for _ in range(20):  # a free port whose successor is free too
@@ -89,7 +89,7 @@ def test_a_taken_port_fails_a_model_service_or_moves_a_replica_on(services, capl
             probe.close()
             taken.listen()
             with caplog.at_level(logging.WARNING, logger="specdec.metrics"):
-                replica = Coordinator.func_or_class(
+                replica = CoordinatorReplica(
                     {"draft": d_addr, "target": t_addr, "metrics_port": port})
             break
     else:
