@@ -292,17 +292,15 @@ def config_keys_read_by(module: str, function: str) -> set[str]:
     raise AssertionError(f"no function {function} in {module}")
 
 
-def serve_deployment_name(module: str, cls: str) -> str:
-    """name= of the @serve.deployment(...) decorating `cls`."""
-    for node in module_source(module).body:
-        if isinstance(node, ast.ClassDef) and node.name == cls:
-            for d in node.decorator_list:
-                if isinstance(d, ast.Call):
-                    for kw in d.keywords:
-                        if kw.arg == "name":
-                            return ast.literal_eval(kw.value)
-            return cls
-    raise AssertionError(f"no class {cls} in {module}")
+def serve_deployment_name(module: str, attr: str) -> str:
+    """The name of the Serve deployment `module.attr` (its name= option), read from the
+    deployment object itself (it may be built by a call, not a decorator)."""
+    import importlib
+
+    deployment = getattr(importlib.import_module(module), attr, None)
+    if deployment is None or not hasattr(deployment, "name"):
+        raise AssertionError(f"no Serve deployment {attr} in {module}")
+    return deployment.name
 
 
 def constraint(package: str) -> str:
