@@ -92,6 +92,10 @@ def main(argv: list[str] | None = None) -> int:
         # Check the services (reachable, same tokenizer) before Ray: a clear error now
         # beats a replica that fails in a loop inside Serve.
         build_service(cfg)
+        if cfg.api_keys:  # a bad key file fails here, not in every replica
+            from coordinator.auth import APIKeys
+
+            APIKeys.load(cfg.api_keys, cfg.api_key_concurrency)
         start_ray(cfg)
         deploy(cfg)
     except (OSError, ValueError, TimeoutError, ConnectionError) as exc:

@@ -24,6 +24,7 @@ replica on the same node) is a warning and the next of port+1 .. port+7 is tried
 import asyncio
 import logging
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack, nullcontext
 
 import grpc
 from fastapi import FastAPI, Request
@@ -31,6 +32,7 @@ from fastapi.responses import RedirectResponse
 from grpc_health.v1 import health_pb2
 from ray import serve
 
+from coordinator.auth import APIKeys, metadata_value
 from coordinator.bridge import close_after, next_in_thread
 from coordinator.generation import add_chunk
 from coordinator.http_api import OpenAIFrontend
@@ -90,7 +92,13 @@ class CoordinatorReplica:
         # that many. One thread per admitted generation, and a few for closing.
         self.executor = ThreadPoolExecutor(max_workers=cfg.max_concurrency + 4,
                                            thread_name_prefix="round")
-        self.http = OpenAIFrontend(self.service, self.executor, cfg.request_timeout)
+        self.auth = APIKeys.load(cfg.api_keys, cfg.api_key_concurrency) \
+            if cfg.api_keys else None
+        if self.auth is not None:
+            log.info("client API needs a key: %d key(s) (%s)", len(self.auth.names),
+                     ", ".join(self.auth.names))
+        self.http = OpenAIFrontend(self.service, self.executor, cfg.request_timeout,
+                                   self.auth)
 
     def __del__(self):
         # Serve calls this when it retires the replica: free the metrics port.
@@ -109,8 +117,8 @@ class CoordinatorReplica:
         return await self.http.completions(request)
 
     @HTTP.get("/v1/models")
-    def models(self):
-        return self.http.models()
+    def models(self, request: Request):
+        return self.http.models(request)
 
     @HTTP.get("/health")
     def health(self):
@@ -126,33 +134,50 @@ class CoordinatorReplica:
 
     # -- gRPC ---------------------------------------------------------------------------
 
+    def _admit(self, grpc_context):
+        """The caller's API-key slot for one generation (nothing without --api-keys)."""
+        if self.auth is None:
+            return nullcontext()
+        metadata = grpc_context.invocation_metadata() if grpc_context is not None else ()
+        return self.auth.admit(metadata_value(metadata), "metadata")
+
     async def Generate(self, request, grpc_context=None):  # noqa: N802 - RPC name
-        chunks = self.service.stream(request)
         pending: list = []
+        chunks = None
         response = generate_pb2.GenerateResponse()
-        try:
-            while (chunk := await next_in_thread(chunks, pending, self.executor)) is not None:
-                add_chunk(response, chunk)
-            return response
-        except Exception as exc:  # noqa: BLE001 - every failure gets a status code
-            _set_error(grpc_context, exc)
-            return generate_pb2.GenerateResponse()
-        finally:
-            await close_after(chunks, pending, self.executor)
+        with ExitStack() as held:
+            try:
+                held.enter_context(self._admit(grpc_context))
+                chunks = self.service.stream(request)
+                while (chunk := await next_in_thread(chunks, pending, self.executor)) \
+                        is not None:
+                    add_chunk(response, chunk)
+                return response
+            except Exception as exc:  # noqa: BLE001 - every failure gets a status code
+                _set_error(grpc_context, exc)
+                return generate_pb2.GenerateResponse()
+            finally:
+                if chunks is not None:
+                    await close_after(chunks, pending, self.executor)
 
     async def GenerateStream(self, request, grpc_context=None):  # noqa: N802
-        chunks = self.service.stream(request)
         pending: list = []
-        try:
-            while (chunk := await next_in_thread(chunks, pending, self.executor)) is not None:
-                yield chunk
-        except Exception as exc:  # noqa: BLE001 - every failure gets a status code
-            # A stream applies grpc_context only with a message or an exception: raise,
-            # and Serve keeps the code set here (instead of INTERNAL).
-            _set_error(grpc_context, exc)
-            raise
-        finally:
-            await close_after(chunks, pending, self.executor)
+        chunks = None
+        with ExitStack() as held:
+            try:
+                held.enter_context(self._admit(grpc_context))
+                chunks = self.service.stream(request)
+                while (chunk := await next_in_thread(chunks, pending, self.executor)) \
+                        is not None:
+                    yield chunk
+            except Exception as exc:  # noqa: BLE001 - every failure gets a status code
+                # A stream applies grpc_context only with a message or an exception:
+                # raise, and Serve keeps the code set here (instead of INTERNAL).
+                _set_error(grpc_context, exc)
+                raise
+            finally:
+                if chunks is not None:
+                    await close_after(chunks, pending, self.executor)
 
     async def Check(self, request, grpc_context=None):  # noqa: N802
         return health_pb2.HealthCheckResponse(status=health_pb2.HealthCheckResponse.SERVING)

@@ -26,6 +26,8 @@ class CoordinatorConfig:
     http_port: int = DEFAULT_HTTP_PORT  # 0 = no HTTP API
     served_model_name: str = ""  # "" = the target's model_id
     request_timeout: float = 600.0
+    api_keys: str = ""  # a key file (coordinator.auth); "" = no authentication
+    api_key_concurrency: int = 0  # generations at once per key and replica; 0 = no cap
     model: str = ""  # tokenizer source; "" = the target's model_id
     k: int = P.k
     pipeline: bool = P.pipeline
@@ -42,6 +44,11 @@ class CoordinatorConfig:
     rpc_deadline: float = 30.0
     draft_backoff: float = 1.0
     startup_timeout: float = 120.0
+    # TLS to the draft and target services (specdec.tls.client_tls); "" = plaintext.
+    tls_ca: str = ""
+    tls_cert: str = ""
+    tls_key: str = ""
+    tls_server_name: str = ""
     ray_address: str = ""
     min_replicas: int = 1
     max_replicas: int = 1
@@ -87,6 +94,15 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--request-timeout", type=float, default=600.0, metavar="SECONDS",
                    help="longest an HTTP request may run (a request's own `timeout` field "
                         "can only shorten it); past it the answer is 504 "
+                        "(default: %(default)s)")
+    p.add_argument("--api-keys", default="", metavar="FILE",
+                   help="require an API key on the client API (gRPC 'authorization: Bearer "
+                        "<key>' metadata, HTTP Authorization header): a file with one key "
+                        "per line, optionally 'name:key' (e.g. a mounted Secret); health, "
+                        "/demo and metrics need none; default: no authentication")
+    p.add_argument("--api-key-concurrency", type=int, default=0, metavar="N",
+                   help="with --api-keys: at most N generations at once per key on each "
+                        "coordinator replica, past it RESOURCE_EXHAUSTED / 429; 0 = no cap "
                         "(default: %(default)s)")
     p.add_argument("--model", default="",
                    help="model whose tokenizer to use (name or folder); default: the "
@@ -147,6 +163,18 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--startup-timeout", type=float, default=120.0, metavar="SECONDS",
                    help="how long to wait for the services and for Serve to deploy "
                         "(default: %(default)s)")
+    p.add_argument("--tls-ca", default="", metavar="PEM",
+                   help="talk TLS to the draft and target services and verify their "
+                        "certificates against this CA bundle; default: plaintext")
+    p.add_argument("--tls-cert", default="", metavar="PEM",
+                   help="mutual TLS: the client certificate presented to the draft and "
+                        "target services (with --tls-key). Re-read when it changes: new "
+                        "channels use the new one")
+    p.add_argument("--tls-key", default="", metavar="PEM",
+                   help="the private key of --tls-cert (unencrypted PEM)")
+    p.add_argument("--tls-server-name", default="",
+                   help="the name the services' certificates must carry, when it is not "
+                        "the host dialled (default: that host; for dns:NAME:PORT, NAME)")
     p.add_argument("--ray-address", default="",
                    help="join this Ray cluster instead of starting an embedded one")
     p.add_argument("--min-replicas", type=int, default=1,

@@ -19,11 +19,13 @@ import logging
 import math
 import time
 from collections.abc import AsyncIterator
+from contextlib import ExitStack, nullcontext
 from pathlib import Path
 
 from fastapi import Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 
+from coordinator.auth import APIKeys
 from coordinator.bridge import close_after, next_in_thread
 from coordinator.generation import GenerationService, add_chunk
 from coordinator.openai_api import bad, chat_request, completion_request, from_exception
@@ -45,20 +47,34 @@ def error_response(exc: BaseException) -> JSONResponse:
 
 
 class OpenAIFrontend:
-    def __init__(self, service: GenerationService, executor, request_timeout_s: float):
+    def __init__(self, service: GenerationService, executor, request_timeout_s: float,
+                 auth: APIKeys | None = None):
         self.service, self.executor = service, executor
         self.request_timeout_s = request_timeout_s
+        self.auth = auth  # None: no API keys (coordinator.auth)
+
+    def _admit(self, request: Request):
+        """The caller's API-key slot (UNAUTHENTICATED / 401 without a valid key)."""
+        if self.auth is None:
+            return nullcontext()
+        return self.auth.admit(request.headers.get("authorization"), "header")
 
     # -- GET ------------------------------------------------------------------------------
 
-    def models(self) -> dict:
+    def models(self, request: Request | None = None) -> Response:
+        if self.auth is not None:
+            try:
+                self.auth.identify(request.headers.get("authorization") if request else None,
+                                   "header")
+            except Exception as exc:  # noqa: BLE001 - Unauthenticated
+                return error_response(exc)
         card = self.service.card
-        return {"object": "list", "data": [{
+        return JSONResponse({"object": "list", "data": [{
             "id": card.id, "object": "model", "created": 0, "owned_by": "specdec",
             "specdec": {"target": card.target, "draft": card.draft,
                         "max_context": card.max_context, "default_num_draft_tokens":
                         card.default_k},
-        }]}
+        }]})
 
     def health(self) -> JSONResponse:
         """200 while a target replica can take generations, else 503 (drafts optional)."""
@@ -84,6 +100,20 @@ class OpenAIFrontend:
         return await self._generate(request, COMPLETION)
 
     async def _generate(self, request: Request, kind: str) -> Response:
+        held = ExitStack()  # the API key's slot: released when the response is over
+        try:
+            held.enter_context(self._admit(request))
+            response = await self._respond(request, kind, held)
+        except BaseException as exc:
+            held.close()
+            if isinstance(exc, Exception):
+                return error_response(exc)
+            raise
+        if not isinstance(response, StreamingResponse):
+            held.close()  # a stream closes it when it ends
+        return response
+
+    async def _respond(self, request: Request, kind: str, held: ExitStack) -> Response:
         try:
             body = json.loads(await request.body() or b"null")
         except (ValueError, UnicodeDecodeError) as exc:
@@ -105,7 +135,8 @@ class OpenAIFrontend:
             return error_response(exc)
         responses = Responses(kind, card.id)
         if opts.stream:
-            events = self._events(chunks, pending, first, responses, opts.include_usage)
+            events = self._events(chunks, pending, first, responses, opts.include_usage,
+                                  held)
             return StreamingResponse(events, media_type="text/event-stream",
                                      headers=SSE_HEADERS)
         resp = generate_pb2.GenerateResponse()
@@ -121,7 +152,7 @@ class OpenAIFrontend:
         return JSONResponse(responses.unary(resp))
 
     async def _events(self, chunks, pending: list, chunk, responses: Responses,
-                      include_usage: bool) -> AsyncIterator[str]:
+                      include_usage: bool, held: ExitStack) -> AsyncIterator[str]:
         try:
             first = True
             while chunk is not None:
@@ -138,5 +169,8 @@ class OpenAIFrontend:
             yield sse(err.body())
             yield DONE
         finally:
-            # Also on a client disconnect (the generator is cancelled or closed).
+            # Also on a client disconnect (the generator is cancelled or closed). The key's
+            # slot first: it needs no await, which a generator closed by the garbage
+            # collector could not do.
+            held.close()
             await close_after(chunks, pending, self.executor)

@@ -36,6 +36,7 @@ HTTP_STATUS = {
     "INVALID_ARGUMENT": (400, "invalid_request_error"),
     "FAILED_PRECONDITION": (400, "invalid_request_error"),
     "NOT_FOUND": (404, "not_found_error"),
+    "UNAUTHENTICATED": (401, "authentication_error"),
     "RESOURCE_EXHAUSTED": (429, "rate_limit_error"),
     "CANCELLED": (499, "cancelled"),
     "UNAVAILABLE": (503, "service_unavailable"),

@@ -48,6 +48,12 @@ class Cancelled(SpecdecError):
     code = "CANCELLED"
 
 
+class Unauthenticated(SpecdecError):
+    """No or a wrong API key on the client API."""
+
+    code = "UNAUTHENTICATED"
+
+
 class Unavailable(SpecdecError):
     code = "UNAVAILABLE"
 

@@ -17,7 +17,6 @@ def serve_frontend(service, timeout_s: float = 60.0) -> Iterator[str]:
     """Start the frontend's routes on a free port; yields the base URL."""
     import uvicorn
     from starlette.applications import Starlette
-    from starlette.responses import JSONResponse
     from starlette.routing import Route
 
     from coordinator.http_api import OpenAIFrontend
@@ -31,7 +30,7 @@ def serve_frontend(service, timeout_s: float = 60.0) -> Iterator[str]:
         return await frontend.completions(request)
 
     async def models(request):
-        return JSONResponse(frontend.models())
+        return frontend.models(request)
 
     async def health(request):
         return frontend.health()
