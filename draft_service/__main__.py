@@ -9,13 +9,16 @@ from draft_service.config import DraftConfig, from_args
 from draft_service.engine import DraftEngine
 from specdec.grpc_server import SpecdecServer, build_server
 from specdec.service_cli import load_cached_model, run, start_metrics
+from specdec.tls import server_tls
 
 
 def create(cfg: DraftConfig) -> tuple[SpecdecServer, int, DraftEngine]:
-    """Load the model, build the (not yet started) server, serve metrics if asked."""
+    """Check the TLS files (before the slow part), load the model, build the (not yet
+    started) server, serve metrics if asked."""
+    tls = server_tls(cfg.tls_cert, cfg.tls_key, cfg.tls_client_ca)
     engine = DraftEngine(load_cached_model(cfg), cfg.max_draft_tokens, cfg.top_n)
     grpc_server, port = build_server(cfg.address, [server.service(engine)],
-                                     max_workers=cfg.workers)
+                                     max_workers=cfg.workers, tls=tls)
     start_metrics("draft", cfg, engine.model)
     return grpc_server, port, engine
 

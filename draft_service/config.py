@@ -7,12 +7,13 @@ from dataclasses import dataclass, fields
 
 from specdec.sampling import DEFAULT_TOP_N
 from specdec.service_cli import ModelServiceConfig, add_model_service_flags
+from specdec.tls import ServerTLSFields, add_server_tls_flags
 
 DEFAULT_PORT = 50051
 
 
 @dataclass
-class DraftConfig(ModelServiceConfig):
+class DraftConfig(ServerTLSFields, ModelServiceConfig):
     port: int = DEFAULT_PORT
     top_n: int = DEFAULT_TOP_N
     # A draft's precision never changes the output, only its speed. f32: on the AMX CPUs
@@ -31,6 +32,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--top-n", type=int, default=DEFAULT_TOP_N,
                    help="size of the sparse q sent per drafted token when a request says 0; "
                         "smaller = fewer bytes, slightly lower acceptance (default: %(default)s)")
+    add_server_tls_flags(p)
     return p
 
 

@@ -3,7 +3,9 @@
 `build_server(address, services)` returns the server and its bound port (bind
 "127.0.0.1:0" to get a free one). It adds grpc.health.v1 and reflection, message size
 limits, a concurrency cap (RESOURCE_EXHAUSTED past it, from gRPC itself), and an
-interceptor that turns specdec's domain errors into status codes (errors.py). `stop`
+interceptor that turns specdec's domain errors into status codes (errors.py). With
+`tls` (specdec.tls.ServerTLS) the port serves TLS, or mTLS, with certificates that reload
+when their files change; health and reflection are on the same port either way. `stop`
 marks every service NOT_SERVING before stopping with a grace period;
 `serve_until_signal` does that on SIGTERM/SIGINT.
 """
@@ -23,6 +25,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from specdec.errors import DeadlineExceeded, grpc_status
+from specdec.tls import ServerTLS
 
 log = logging.getLogger(__name__)
 
@@ -109,8 +112,10 @@ def _guard_stream(behavior, method):
 
 
 class SpecdecServer:
-    def __init__(self, server: grpc.Server, health_servicer, names: Sequence[str]):
+    def __init__(self, server: grpc.Server, health_servicer, names: Sequence[str],
+                 tls: ServerTLS | None = None):
         self.grpc = server
+        self.tls = tls
         self.health = health_servicer
         self.names = list(names)
         self._stopped = threading.Event()
@@ -143,6 +148,7 @@ def build_server(
     max_workers: int = 128,
     max_concurrent_rpcs: int | None = None,
     max_message_bytes: int = MAX_MESSAGE_BYTES,
+    tls: ServerTLS | None = None,
 ) -> tuple[SpecdecServer, int]:
     """A server bound to `address` ("host:port"; port 0 = any free one), not started.
 
@@ -172,12 +178,17 @@ def build_server(
         server,
     )
     try:
-        port = server.add_insecure_port(address)
+        if tls is None:
+            port = server.add_insecure_port(address)
+        else:
+            port = server.add_secure_port(address, tls.credentials())
     except RuntimeError as exc:
         raise OSError(f"cannot bind {address}: address in use or not available") from exc
     if port == 0:
         raise OSError(f"cannot bind {address}: address in use or not available")
-    wrapper = SpecdecServer(server, health_servicer, names)
+    if tls is not None:
+        log.info("port %d serves %s", port, tls.summary())
+    wrapper = SpecdecServer(server, health_servicer, names, tls)
     wrapper.set_serving(False)
     return wrapper, port
 

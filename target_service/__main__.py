@@ -7,6 +7,7 @@ import sys
 
 from specdec.grpc_server import SpecdecServer, build_server
 from specdec.service_cli import load_cached_model, run, start_metrics
+from specdec.tls import server_tls
 from target_service import server
 from target_service.config import TargetConfig, from_args
 from target_service.engine import TargetEngine
@@ -15,7 +16,9 @@ log = logging.getLogger("target_service")
 
 
 def create(cfg: TargetConfig) -> tuple[SpecdecServer, int, TargetEngine]:
-    """Load the model, build the (not yet started) server, serve metrics if asked."""
+    """Check the TLS files (before the slow part), load the model, build the (not yet
+    started) server, serve metrics if asked."""
+    tls = server_tls(cfg.tls_cert, cfg.tls_key, cfg.tls_client_ca)
     engine = TargetEngine(load_cached_model(cfg), cfg.max_draft_tokens)
     precision = getattr(engine.model.backend, "inference_precision", "f32")
     if precision != "f32":
@@ -24,7 +27,7 @@ def create(cfg: TargetConfig) -> tuple[SpecdecServer, int, TargetEngine]:
                     "differ from target-only output (measured: it does on SmolLM2 in bf16); "
                     "--inference-precision f32 keeps them identical", precision)
     grpc_server, port = build_server(cfg.address, [server.service(engine)],
-                                     max_workers=cfg.workers)
+                                     max_workers=cfg.workers, tls=tls)
     start_metrics("target", cfg, engine.model)
     return grpc_server, port, engine
 

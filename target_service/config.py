@@ -6,12 +6,13 @@ import argparse
 from dataclasses import dataclass, fields
 
 from specdec.service_cli import ModelServiceConfig, add_model_service_flags
+from specdec.tls import ServerTLSFields, add_server_tls_flags
 
 DEFAULT_PORT = 50052
 
 
 @dataclass
-class TargetConfig(ModelServiceConfig):
+class TargetConfig(ServerTLSFields, ModelServiceConfig):
     port: int = DEFAULT_PORT
 
 
@@ -22,6 +23,7 @@ def parser() -> argparse.ArgumentParser:
                     "(gRPC specdec.v1.TargetService).",
     )
     add_model_service_flags(p, DEFAULT_PORT)
+    add_server_tls_flags(p)
     return p
 
 
