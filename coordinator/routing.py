@@ -8,6 +8,13 @@ to another one. Where addresses come from is pluggable: a static list, or a head
 Service's DNS records on Kubernetes (`dns:NAME:PORT`, re-resolved periodically).
 A replica that appears later is admitted only once `admit` accepts it (the coordinator
 checks that its vocabulary and tokenizer match the ones it started with).
+
+Channels are plaintext, or TLS with `tls` (specdec.tls.ClientTLS). The name checked
+against a replica's certificate is the host it is dialled by, except for replicas found
+through DNS: they are dialled by IP, so the DNS name they were found under is checked
+(a headless Service's certificate names the Service, not its pods' IPs). When the TLS
+files change (a rotated client certificate), the next refresh gives every replica a client
+on a new channel; calls already running finish on the old one.
 """
 
 from __future__ import annotations
@@ -22,6 +29,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import grpc
+
+from specdec.tls import ClientTLS, open_channel
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +59,13 @@ def backoff_s(base_s: float, failures: int, max_doublings: int,
 
 class AddressSource(Protocol):
     def addresses(self) -> list[str]: ...
+
+
+def server_name(source: AddressSource, address: str) -> str | None:
+    """The name a replica's TLS certificate must carry when it is not the host in its
+    address (a source may say, with a `server_name(address)` method), else None."""
+    name_of = getattr(source, "server_name", None)
+    return name_of(address) if name_of is not None else None
 
 
 @dataclass
@@ -101,6 +117,10 @@ class DnsAddresses:
             self._at = now
         return list(self._cached)
 
+    def server_name(self, address: str) -> str | None:
+        """Its pods are dialled by IP; their certificate names the DNS name."""
+        return self.host if address in self._cached else None
+
 
 @dataclass
 class CombinedAddresses:
@@ -111,6 +131,10 @@ class CombinedAddresses:
         for source in self.sources:
             out += [a for a in source.addresses() if a not in out]
         return out
+
+    def server_name(self, address: str) -> str | None:
+        names = (server_name(source, address) for source in self.sources)
+        return next((name for name in names if name), None)
 
 
 def address_source(text: str, refresh_s: float = 5.0) -> AddressSource:
@@ -149,6 +173,7 @@ class Router:
     clock: Callable[[], float] = time.monotonic
     # (address, client) -> None to admit a new replica, or why it is refused.
     admit: Callable[[str, Any], str | None] | None = None
+    tls: ClientTLS | None = None  # None = plaintext channels
     _replicas: dict[str, Replica] = field(default_factory=dict)
     _refused: dict[str, float] = field(default_factory=dict)  # address -> ask again at
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -161,15 +186,32 @@ class Router:
         router._replicas = {a: Replica(a, c) for a, c in clients.items()}
         return router
 
+    def _channel(self, address: str) -> grpc.Channel:
+        return open_channel(address, CHANNEL_OPTIONS, self.tls,
+                            server_name(self.source, address))
+
+    def _renew_channels(self) -> None:
+        """The TLS files changed: every replica gets a client on a new channel (the old
+        channel is left to calls still running on it and closes when they let it go)."""
+        with self._lock:
+            replicas = list(self._replicas.values())
+        for replica in replicas:
+            replica.client = self.make_client(self._channel(replica.address))
+        if replicas:
+            log.info("new TLS channels to %d replica(s): %s", len(replicas),
+                     ", ".join(r.address for r in replicas))
+
     def _refresh(self) -> None:
         """Add the source's new addresses, each once `admit` accepts it (asked outside the
-        main lock: it is an RPC)."""
+        main lock: it is an RPC); renew the channels when the TLS files changed."""
         with self._refresh_lock:
+            if self.tls is not None and self.tls.reload():
+                self._renew_channels()
             now = self.clock()
             new = [a for a in self.source.addresses()
                    if a not in self._replicas and self._refused.get(a, now) <= now]
             for address in new:
-                channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+                channel = self._channel(address)
                 client = self.make_client(channel)
                 reason = self.admit(address, client) if self.admit is not None else None
                 if reason is not None:

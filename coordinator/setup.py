@@ -12,6 +12,7 @@ from coordinator.config import CoordinatorConfig
 from coordinator.generation import GenerationService, Limits, ModelCard
 from coordinator.loop import SpeculativeLoop
 from coordinator.routing import Router, address_source
+from specdec.tls import client_tls
 
 log = logging.getLogger(__name__)
 
@@ -25,17 +26,29 @@ def wait_for_infos(router: Router, kind: str, timeout_s: float) -> dict:
         time.sleep(1.0)
     infos = {}
     for replica in router.replicas():
+        warned = False
         while True:
             try:
                 infos[replica.address] = replica.client.info()
                 break
             except grpc.RpcError as e:
+                details = e.details() or ""
+                if not warned and _looks_like_tls(details):
+                    log.warning("%s service at %s: TLS handshake failed (retrying until the "
+                                "start-up timeout): %s", kind, replica.address, details)
+                    warned = True
                 if time.monotonic() > deadline:
                     raise ConnectionError(
                         f"{kind} service at {replica.address} did not answer Info within "
-                        f"{timeout_s:.0f} s ({e.code().name}); is it running?") from e
+                        f"{timeout_s:.0f} s ({e.code().name}: {details}); is it running, "
+                        "and do its TLS settings match the coordinator's?") from e
                 time.sleep(0.5)
     return infos
+
+
+def _looks_like_tls(details: str) -> bool:
+    text = details.lower()
+    return any(word in text for word in ("ssl", "tls", "handshake", "certificate"))
 
 
 def check_compatible(drafts: dict, targets: dict) -> None:
@@ -90,8 +103,13 @@ def build_service(cfg: CoordinatorConfig) -> GenerationService:
     def draft_client(channel):
         return DraftClient(channel, cfg.rpc_deadline, rtt, jitter)
 
-    target = Router(address_source(cfg.target), target_client)
-    draft = Router(address_source(cfg.draft), draft_client) if cfg.draft.strip() else None
+    # Before any address is dialled: an unusable file is a start-up error, now.
+    tls = client_tls(cfg.tls_ca, cfg.tls_cert, cfg.tls_key, cfg.tls_server_name)
+    if tls is not None:
+        log.info("draft and target over %s", tls.summary())
+    target = Router(address_source(cfg.target), target_client, tls=tls)
+    draft = Router(address_source(cfg.draft), draft_client, tls=tls) \
+        if cfg.draft.strip() else None
     if not cfg.target.strip():
         raise ValueError("no target address given (--target host:port[,host:port...])")
     t_infos = wait_for_infos(target, "target", cfg.startup_timeout)
