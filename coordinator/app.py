@@ -24,7 +24,7 @@ replica on the same node) is a warning and the next of port+1 .. port+7 is tried
 import asyncio
 import logging
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import nullcontext
+from contextlib import ExitStack, nullcontext
 
 import grpc
 from fastapi import FastAPI, Request
@@ -33,7 +33,7 @@ from grpc_health.v1 import health_pb2
 from ray import serve
 
 from coordinator.auth import APIKeys, metadata_value
-from coordinator.bridge import in_thread
+from coordinator.bridge import close_after, next_in_thread
 from coordinator.generation import add_chunk
 from coordinator.http_api import OpenAIFrontend
 from specdec.errors import grpc_status
@@ -141,37 +141,43 @@ class CoordinatorReplica:
         metadata = grpc_context.invocation_metadata() if grpc_context is not None else ()
         return self.auth.admit(metadata_value(metadata), "metadata")
 
-    async def _chunks(self, request, grpc_context):
-        """The generation's chunks, rounds run in the pool, the key's slot held."""
-        with self._admit(grpc_context):
-            async for chunk in in_thread(self.service.stream(request), self.executor):
-                yield chunk
-
     async def Generate(self, request, grpc_context=None):  # noqa: N802 - RPC name
-        chunks = self._chunks(request, grpc_context)
+        pending: list = []
+        chunks = None
         response = generate_pb2.GenerateResponse()
-        try:
-            async for chunk in chunks:
-                add_chunk(response, chunk)
-            return response
-        except Exception as exc:  # noqa: BLE001 - every failure gets a status code
-            _set_error(grpc_context, exc)
-            return generate_pb2.GenerateResponse()
-        finally:
-            await chunks.aclose()
+        with ExitStack() as held:
+            try:
+                held.enter_context(self._admit(grpc_context))
+                chunks = self.service.stream(request)
+                while (chunk := await next_in_thread(chunks, pending, self.executor)) \
+                        is not None:
+                    add_chunk(response, chunk)
+                return response
+            except Exception as exc:  # noqa: BLE001 - every failure gets a status code
+                _set_error(grpc_context, exc)
+                return generate_pb2.GenerateResponse()
+            finally:
+                if chunks is not None:
+                    await close_after(chunks, pending, self.executor)
 
     async def GenerateStream(self, request, grpc_context=None):  # noqa: N802
-        chunks = self._chunks(request, grpc_context)
-        try:
-            async for chunk in chunks:
-                yield chunk
-        except Exception as exc:  # noqa: BLE001 - every failure gets a status code
-            # A stream applies grpc_context only with a message or an exception: raise,
-            # and Serve keeps the code set here (instead of INTERNAL).
-            _set_error(grpc_context, exc)
-            raise
-        finally:
-            await chunks.aclose()
+        pending: list = []
+        chunks = None
+        with ExitStack() as held:
+            try:
+                held.enter_context(self._admit(grpc_context))
+                chunks = self.service.stream(request)
+                while (chunk := await next_in_thread(chunks, pending, self.executor)) \
+                        is not None:
+                    yield chunk
+            except Exception as exc:  # noqa: BLE001 - every failure gets a status code
+                # A stream applies grpc_context only with a message or an exception:
+                # raise, and Serve keeps the code set here (instead of INTERNAL).
+                _set_error(grpc_context, exc)
+                raise
+            finally:
+                if chunks is not None:
+                    await close_after(chunks, pending, self.executor)
 
     async def Check(self, request, grpc_context=None):  # noqa: N802
         return health_pb2.HealthCheckResponse(status=health_pb2.HealthCheckResponse.SERVING)

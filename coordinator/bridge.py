@@ -1,15 +1,14 @@
 """Blocking generation, asyncio servers: run one round at a time in a worker thread.
 
 A round blocks its thread for a whole Propose + Verify, so the Serve deployment's gRPC
-methods and its HTTP routes both step `GenerationService.stream` through `in_thread`,
-in the deployment's own pool, and close it (which releases the draft and target sessions)
+methods and its HTTP routes both step `GenerationService.stream` here, in the
+deployment's own pool, and close it (which releases the draft and target sessions)
 once a round still running has finished.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
 
 
 async def next_in_thread(iterator, pending: list, executor):
@@ -27,14 +26,3 @@ async def close_after(iterator, pending: list, executor) -> None:
         except BaseException:  # noqa: BLE001 - the step's own failure is reported elsewhere
             pass
     await asyncio.get_running_loop().run_in_executor(executor, iterator.close)
-
-
-async def in_thread(iterator: Iterator, executor) -> AsyncIterator:
-    """The items of a blocking generator, each stepped in `executor`. Closing this (or a
-    cancel) closes the generator once a step still running has finished."""
-    pending: list = []
-    try:
-        while (item := await next_in_thread(iterator, pending, executor)) is not None:
-            yield item
-    finally:
-        await close_after(iterator, pending, executor)

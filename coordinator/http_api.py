@@ -26,7 +26,7 @@ from fastapi import Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 
 from coordinator.auth import APIKeys
-from coordinator.bridge import in_thread
+from coordinator.bridge import close_after, next_in_thread
 from coordinator.generation import GenerationService, add_chunk
 from coordinator.openai_api import bad, chat_request, completion_request, from_exception
 from coordinator.openai_responses import CHAT, COMPLETION, DONE, Responses, sse
@@ -126,31 +126,33 @@ class OpenAIFrontend:
         if not req.max_new_tokens:  # no limit given: up to the cap (and the context)
             req.max_new_tokens = self.service.limits.max_new_tokens_cap
         timeout = min(opts.timeout_s or math.inf, self.request_timeout_s)
-        chunks = in_thread(self.service.stream(req, deadline=time.monotonic() + timeout),
-                           self.executor)
+        chunks = self.service.stream(req, deadline=time.monotonic() + timeout)
+        pending: list = []
         try:
-            first = await anext(chunks, None)
+            first = await next_in_thread(chunks, pending, self.executor)
         except Exception as exc:  # noqa: BLE001 - every failure gets a status
+            await close_after(chunks, pending, self.executor)
             return error_response(exc)
         responses = Responses(kind, card.id)
         if opts.stream:
-            events = self._events(chunks, first, responses, opts.include_usage, held)
+            events = self._events(chunks, pending, first, responses, opts.include_usage,
+                                  held)
             return StreamingResponse(events, media_type="text/event-stream",
                                      headers=SSE_HEADERS)
         resp = generate_pb2.GenerateResponse()
         try:
-            if first is not None:
-                add_chunk(resp, first)
-            async for chunk in chunks:
+            chunk = first
+            while chunk is not None:
                 add_chunk(resp, chunk)
+                chunk = await next_in_thread(chunks, pending, self.executor)
         except Exception as exc:  # noqa: BLE001
             return error_response(exc)
         finally:
-            await chunks.aclose()
+            await close_after(chunks, pending, self.executor)
         return JSONResponse(responses.unary(resp))
 
-    async def _events(self, chunks, chunk, responses: Responses, include_usage: bool,
-                      held: ExitStack) -> AsyncIterator[str]:
+    async def _events(self, chunks, pending: list, chunk, responses: Responses,
+                      include_usage: bool, held: ExitStack) -> AsyncIterator[str]:
         try:
             first = True
             while chunk is not None:
@@ -158,7 +160,7 @@ class OpenAIFrontend:
                 first = False
                 if chunk.finish_reason and include_usage:
                     yield sse(responses.usage_chunk(chunk.stats))
-                chunk = await anext(chunks, None)
+                chunk = await next_in_thread(chunks, pending, self.executor)
             yield DONE
         except Exception as exc:  # noqa: BLE001 - reported in the stream, as OpenAI does
             err = from_exception(exc)
@@ -171,4 +173,4 @@ class OpenAIFrontend:
             # slot first: it needs no await, which a generator closed by the garbage
             # collector could not do.
             held.close()
-            await chunks.aclose()
+            await close_after(chunks, pending, self.executor)
