@@ -22,6 +22,7 @@ from specdec.client import (
     TokenKind,
 )
 from specdec.v1 import generate_pb2
+from tests.e2e.conftest import sessions_released
 
 pytestmark = pytest.mark.slow
 
@@ -224,6 +225,9 @@ def test_closing_an_async_stream_cancels_its_rpc(client, coordinator):
             async with aclient.stream(**LONG) as stream:
                 await anext(stream)
             cancelled.append(stream._call.cancelled())
+            # The three generations end on the server moments later; until then they hold
+            # slots of the coordinator's cap (4), and a call past it is refused at once.
+            assert sessions_released(coordinator[1], coordinator[2])
             return cancelled, await aclient.generate(**SHORT)
 
     cancelled, done = run(close_three_ways_then_generate())
