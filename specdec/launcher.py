@@ -2,6 +2,9 @@
 
 Used by `specdec up`, `specdec demo`, and the tests that need real processes. Each
 service logs one "... service ready: ... address=HOST:PORT" line when it serves.
+`prefix` runs the command under another one, e.g. `ip netns exec NS` (specdec.netns):
+the prefix must exec the command (as `ip netns exec` does), so that the process signalled
+and waited for is the service itself.
 """
 
 from __future__ import annotations
@@ -43,10 +46,11 @@ class ServiceProcess:
 
 
 def start(module: str, args: Sequence[str], timeout: float = 120.0, echo: bool = False,
-          env: dict | None = None, name: str | None = None) -> ServiceProcess:
-    """`python -m <module> <args>`; returns once its ready line appears."""
+          env: dict | None = None, name: str | None = None,
+          prefix: Sequence[str] = ()) -> ServiceProcess:
+    """`[prefix...] python -m <module> <args>`; returns once its ready line appears."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", module, *args], cwd=ROOT, stdout=subprocess.PIPE,
+        [*prefix, sys.executable, "-m", module, *args], cwd=ROOT, stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
     )
@@ -70,6 +74,7 @@ def start(module: str, args: Sequence[str], timeout: float = 120.0, echo: bool =
     while not ready.wait(0.1):
         if time.monotonic() > deadline:
             proc.kill()
+            proc.wait(10)
             raise TimeoutError(f"{module} not ready after {timeout:.0f} s:\n{''.join(log)}")
     if not found:
         proc.wait(10)
