@@ -48,17 +48,41 @@ def start_ray(cfg: CoordinatorConfig) -> None:
     )
 
 
-def deploy(cfg: CoordinatorConfig) -> None:
-    """Start Serve's gRPC proxy and the app; bounded by --startup-timeout."""
+def api_tls(cfg: CoordinatorConfig):
+    """The client API's ServerTLS, or None for plaintext (ValueError: unusable files)."""
+    from specdec.tls import server_tls
+
+    if not (cfg.api_tls_cert or cfg.api_tls_key or cfg.api_tls_client_ca):
+        return None
+    if not (cfg.api_tls_cert and cfg.api_tls_key):
+        raise ValueError("TLS on the client API needs both --api-tls-cert and --api-tls-key")
+    return server_tls(cfg.api_tls_cert, cfg.api_tls_key, cfg.api_tls_client_ca)
+
+
+def deploy(cfg: CoordinatorConfig, tls=None):
+    """Start Serve's proxies and the app, bounded by --startup-timeout; with `tls` (a
+    ServerTLS), Serve's HTTP proxy on loopback and coordinator.front's TLS servers in
+    front (returned, to stop at shutdown), else None."""
     from ray import serve
     from ray.serve.config import HTTPOptions, gRPCOptions
 
     from coordinator.app import APP_NAME, SERVICER_FUNCTIONS, application
 
-    serve.start(
-        http_options=HTTPOptions(host=cfg.http_host, port=cfg.http_port),
-        grpc_options=gRPCOptions(port=cfg.port, grpc_servicer_functions=SERVICER_FUNCTIONS),
-    )
+    if tls is None:
+        serve.start(
+            http_options=HTTPOptions(host=cfg.http_host, port=cfg.http_port),
+            grpc_options=gRPCOptions(port=cfg.port,
+                                     grpc_servicer_functions=SERVICER_FUNCTIONS),
+        )
+    else:
+        from coordinator.front import TLSFront, free_loopback_port
+
+        front = TLSFront(tls, cfg.port, cfg.http_host, cfg.http_port,
+                         free_loopback_port() if cfg.http_port > 0 else 0)
+        # No servicer functions: Serve's plaintext gRPC proxy is not started at all.
+        serve.start(http_options=HTTPOptions(host="127.0.0.1",
+                                             port=front.http_backend_port or cfg.http_port),
+                    grpc_options=gRPCOptions(port=cfg.port, grpc_servicer_functions=[]))
     failure: list[BaseException] = []
 
     def run():
@@ -75,6 +99,10 @@ def deploy(cfg: CoordinatorConfig) -> None:
                            f"{cfg.startup_timeout:.0f} s (not enough CPUs for the replicas?)")
     if failure:
         raise failure[0]
+    if tls is None:
+        return None
+    front.start(serve.get_deployment_handle("Coordinator", app_name=APP_NAME))
+    return front
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -88,7 +116,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from coordinator.setup import build_service
 
+    front = None
     try:
+        tls = api_tls(cfg)
         # Check the services (reachable, same tokenizer) before Ray: a clear error now
         # beats a replica that fails in a loop inside Serve.
         build_service(cfg)
@@ -97,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
 
             APIKeys.load(cfg.api_keys, cfg.api_key_concurrency)
         start_ray(cfg)
-        deploy(cfg)
+        front = deploy(cfg, tls)
     except (OSError, ValueError, TimeoutError, ConnectionError) as exc:
         log.error("cannot start the coordinator: %s", exc)
         if ray.is_initialized():
@@ -109,13 +139,18 @@ def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, _frame: stop.set())
     metrics = f" metrics-port={cfg.metrics_port}" if cfg.metrics_port > 0 else ""
+    scheme = "https" if front is not None else "http"
     if cfg.http_port > 0:
-        metrics += f" http=http://{cfg.http_host}:{cfg.http_port}"
+        metrics += f" http={scheme}://{cfg.http_host}:{cfg.http_port}"
+    if front is not None:
+        metrics += " tls=on"
     log.info("coordinator service ready in %.1f s: draft=%s target=%s%s address=%s:%d",
              time.perf_counter() - t0, cfg.draft or "(none)", cfg.target, metrics, cfg.host,
              cfg.port)
     stop.wait()
     log.info("shutting down Serve and Ray")
+    if front is not None:
+        front.stop()
     serve.shutdown()
     ray.shutdown()
     return 0

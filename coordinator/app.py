@@ -24,7 +24,8 @@ replica on the same node) is a warning and the next of port+1 .. port+7 is tried
 import asyncio
 import logging
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack, nullcontext
+from contextlib import ExitStack, aclosing
+from dataclasses import dataclass
 
 import grpc
 from fastapi import FastAPI, Request
@@ -49,6 +50,21 @@ SERVICER_FUNCTIONS = [
 APP_NAME = "specdec"
 HEADROOM = 16  # requests a replica takes beyond --max-concurrency (max_ongoing_requests)
 METRICS_HOST = "0.0.0.0"
+
+
+@dataclass(frozen=True)
+class FrontError:
+    """A failed generation, as CoordinatorReplica.front_stream reports it: the name of a
+    grpc.StatusCode and the message for the client."""
+
+    code: str
+    message: str
+
+
+def _authorization(grpc_context) -> str | None:
+    """The call's `authorization` metadata (None without one, or without a context)."""
+    metadata = grpc_context.invocation_metadata() if grpc_context is not None else ()
+    return metadata_value(metadata)
 
 
 def _set_error(grpc_context, exc: BaseException) -> None:
@@ -134,50 +150,61 @@ class CoordinatorReplica:
 
     # -- gRPC ---------------------------------------------------------------------------
 
-    def _admit(self, grpc_context):
-        """The caller's API-key slot for one generation (nothing without --api-keys)."""
-        if self.auth is None:
-            return nullcontext()
-        metadata = grpc_context.invocation_metadata() if grpc_context is not None else ()
-        return self.auth.admit(metadata_value(metadata), "metadata")
-
-    async def Generate(self, request, grpc_context=None):  # noqa: N802 - RPC name
-        pending: list = []
-        chunks = None
-        response = generate_pb2.GenerateResponse()
-        with ExitStack() as held:
-            try:
-                held.enter_context(self._admit(grpc_context))
-                chunks = self.service.stream(request)
-                while (chunk := await next_in_thread(chunks, pending, self.executor)) \
-                        is not None:
-                    add_chunk(response, chunk)
-                return response
-            except Exception as exc:  # noqa: BLE001 - every failure gets a status code
-                _set_error(grpc_context, exc)
-                return generate_pb2.GenerateResponse()
-            finally:
-                if chunks is not None:
-                    await close_after(chunks, pending, self.executor)
-
-    async def GenerateStream(self, request, grpc_context=None):  # noqa: N802
+    async def _chunks(self, request, authorization: str | None, where: str):
+        """The chunks of one generation, holding the caller's API-key slot (with
+        --api-keys) until it ends. Closed early (a client went away), it closes the
+        generation once the round in flight has finished, which releases both sessions."""
         pending: list = []
         chunks = None
         with ExitStack() as held:
+            if self.auth is not None:
+                held.enter_context(self.auth.admit(authorization, where))
             try:
-                held.enter_context(self._admit(grpc_context))
                 chunks = self.service.stream(request)
                 while (chunk := await next_in_thread(chunks, pending, self.executor)) \
                         is not None:
                     yield chunk
-            except Exception as exc:  # noqa: BLE001 - every failure gets a status code
-                # A stream applies grpc_context only with a message or an exception:
-                # raise, and Serve keeps the code set here (instead of INTERNAL).
-                _set_error(grpc_context, exc)
-                raise
             finally:
                 if chunks is not None:
                     await close_after(chunks, pending, self.executor)
+
+    async def Generate(self, request, grpc_context=None):  # noqa: N802 - RPC name
+        response = generate_pb2.GenerateResponse()
+        try:
+            async with aclosing(self._chunks(request, _authorization(grpc_context),
+                                             "metadata")) as chunks:
+                async for chunk in chunks:
+                    add_chunk(response, chunk)
+            return response
+        except Exception as exc:  # noqa: BLE001 - every failure gets a status code
+            _set_error(grpc_context, exc)
+            return generate_pb2.GenerateResponse()
+
+    async def GenerateStream(self, request, grpc_context=None):  # noqa: N802
+        try:
+            async with aclosing(self._chunks(request, _authorization(grpc_context),
+                                             "metadata")) as chunks:
+                async for chunk in chunks:
+                    yield chunk
+        except Exception as exc:  # noqa: BLE001 - every failure gets a status code
+            # A stream applies grpc_context only with a message or an exception:
+            # raise, and Serve keeps the code set here (instead of INTERNAL).
+            _set_error(grpc_context, exc)
+            raise
+
+    async def front_stream(self, request, authorization: str | None = None):
+        """GenerateStream for coordinator.front (the TLS gRPC server in the driver), called
+        through a Serve handle: the chunks, then a `FrontError` in place of any failure
+        (so its status code crosses Ray as data, not as a wrapped exception)."""
+        try:
+            async with aclosing(self._chunks(request, authorization, "metadata")) as chunks:
+                async for chunk in chunks:
+                    yield chunk
+        except Exception as exc:  # noqa: BLE001 - every failure gets a status code
+            code, message, _ = grpc_status(exc)
+            if code == grpc.StatusCode.INTERNAL:
+                log.exception("generation failed", exc_info=exc)
+            yield FrontError(code.name, message)
 
     async def Check(self, request, grpc_context=None):  # noqa: N802
         return health_pb2.HealthCheckResponse(status=health_pb2.HealthCheckResponse.SERVING)

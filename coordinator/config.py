@@ -49,6 +49,10 @@ class CoordinatorConfig:
     tls_cert: str = ""
     tls_key: str = ""
     tls_server_name: str = ""
+    # TLS on the client API (coordinator.front); "" = plaintext through Serve's proxies.
+    api_tls_cert: str = ""
+    api_tls_key: str = ""
+    api_tls_client_ca: str = ""
     ray_address: str = ""
     min_replicas: int = 1
     max_replicas: int = 1
@@ -175,6 +179,18 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--tls-server-name", default="",
                    help="the name the services' certificates must carry, when it is not "
                         "the host dialled (default: that host; for dns:NAME:PORT, NAME)")
+    p.add_argument("--api-tls-cert", default="", metavar="PEM",
+                   help="serve the client API (the gRPC --port and the HTTP --http-port) over "
+                        "TLS with this certificate (chain), which must name the hosts clients "
+                        "dial; reloaded when it changes. Then Serve's proxies listen on "
+                        "loopback only, behind TLS servers in this process. Default: "
+                        "plaintext")
+    p.add_argument("--api-tls-key", default="", metavar="PEM",
+                   help="the private key of --api-tls-cert (unencrypted PEM)")
+    p.add_argument("--api-tls-client-ca", default="", metavar="PEM",
+                   help="with --api-tls-cert: also require a client certificate signed by "
+                        "this CA bundle on the client API (mutual TLS); default: any client "
+                        "(API keys can still be required with --api-keys)")
     p.add_argument("--ray-address", default="",
                    help="join this Ray cluster instead of starting an embedded one")
     p.add_argument("--min-replicas", type=int, default=1,

@@ -146,6 +146,11 @@ class ServerTLS:
     def mutual(self) -> bool:
         return bool(self.client_ca)
 
+    @property
+    def contents(self) -> tuple[bytes, bytes, bytes | None]:
+        """(certificate, key, client CA or None) PEM bytes, as last loaded."""
+        return self._contents
+
     def _paths(self) -> list[str]:
         return [self.cert, self.key] + ([self.client_ca] if self.client_ca else [])
 
@@ -300,11 +305,21 @@ class ClientTLS:
         """A TLS channel to `address` with the files as last loaded. The name checked
         against the server's certificate: `self.server_name`, else `server_name`, else
         the host in `address`."""
+        return grpc.secure_channel(address, self._credentials,
+                                   options=self._options(options, server_name))
+
+    def aio_channel(self, address: str, options: Sequence[tuple] = (),
+                    server_name: str | None = None) -> grpc.aio.Channel:
+        """channel(), on grpc.aio."""
+        return grpc.aio.secure_channel(address, self._credentials,
+                                       options=self._options(options, server_name))
+
+    def _options(self, options: Sequence[tuple], server_name: str | None) -> list:
         options = list(options)
         name = self.server_name or server_name
         if name:
             options.append(("grpc.ssl_target_name_override", name))
-        return grpc.secure_channel(address, self._credentials, options=options)
+        return options
 
     def summary(self) -> str:
         mode = "mTLS" if self.mutual else "TLS"

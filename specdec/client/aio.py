@@ -12,6 +12,7 @@ from specdec.client.convert import chunk_from_proto, completion_from_proto
 from specdec.client.errors import from_rpc_error
 from specdec.client.request import GenerateOptions, build_request
 from specdec.client.types import Chunk, Completion
+from specdec.tls import ClientTLS
 from specdec.v1 import generate_pb2_grpc
 
 
@@ -79,11 +80,13 @@ class AsyncClient:
 
     def __init__(self, address: str, *, timeout: float | None = None,
                  metadata: Sequence[tuple[str, str]] = (),
-                 channel_options: Sequence[tuple[str, object]] = ()):
+                 channel_options: Sequence[tuple[str, object]] = (),
+                 tls: ClientTLS | None = None):
         self.address = address
         self.timeout = timeout
         self._metadata = tuple(metadata) or None
-        self._channel = grpc.aio.insecure_channel(address, options=list(channel_options))
+        self._channel = grpc.aio.insecure_channel(address, options=list(channel_options)) \
+            if tls is None else tls.aio_channel(address, channel_options)
         self._stub = generate_pb2_grpc.GeneratorStub(self._channel)
 
     async def generate(self, prompt: str | None = None, *, timeout: float | None = None,

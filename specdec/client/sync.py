@@ -11,6 +11,7 @@ from specdec.client.convert import chunk_from_proto, completion_from_proto
 from specdec.client.errors import from_rpc_error
 from specdec.client.request import GenerateOptions, build_request
 from specdec.client.types import Chunk, Completion
+from specdec.tls import ClientTLS, open_channel
 from specdec.v1 import generate_pb2_grpc
 
 
@@ -61,11 +62,13 @@ class ChunkStream:
 
 
 class Client:
-    """A blocking client of a coordinator at `address` ("host:port", plaintext).
+    """A blocking client of a coordinator at `address` ("host:port").
 
     timeout: deadline in seconds of every call (None = none) unless a call gives its
     own. metadata: (key, value) pairs sent with every call. channel_options: gRPC
-    channel arguments, e.g. [("grpc.max_receive_message_length", 2**24)].
+    channel arguments, e.g. [("grpc.max_receive_message_length", 2**24)]. tls: a
+    specdec.tls.ClientTLS for a coordinator started with --api-tls-cert, e.g.
+    `client_tls(ca="certs/ca.pem")` (None = plaintext).
 
         with Client("127.0.0.1:50050", timeout=60) as client:
             done = client.generate("Once upon a time", max_new_tokens=32)
@@ -80,11 +83,12 @@ class Client:
 
     def __init__(self, address: str, *, timeout: float | None = None,
                  metadata: Sequence[tuple[str, str]] = (),
-                 channel_options: Sequence[tuple[str, object]] = ()):
+                 channel_options: Sequence[tuple[str, object]] = (),
+                 tls: ClientTLS | None = None):
         self.address = address
         self.timeout = timeout
         self._metadata = tuple(metadata) or None
-        self._channel = grpc.insecure_channel(address, options=list(channel_options))
+        self._channel = open_channel(address, channel_options, tls)
         self._stub = generate_pb2_grpc.GeneratorStub(self._channel)
 
     def generate(self, prompt: str | None = None, *, timeout: float | None = None,
