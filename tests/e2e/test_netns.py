@@ -211,3 +211,22 @@ def test_a_plain_link_between_namespaces_adds_no_delay_of_its_own():
         finally:
             server.kill()
             server.wait()
+
+
+def test_the_rtt_sweep_adds_its_rtt_between_namespaces():
+    """specdec.bench.rtt with a pair: its own target and draft in namespaces, the RTT on
+    the links (not the coordinator's sleeps), and every token of target-only decoding
+    pays it."""
+    from specdec.bench import rtt
+
+    rows = rtt.sweep("unused:1", "unused:2", [0, 20], ["Hello there"], 4, 8, pair=TINY_PAIR,
+                     pin=False, say=print)
+    assert [r.rtt_ms for r in rows] == [0, 20]
+    assert {r.method for r in rows} == {"network namespaces, delay proxy on each link"} or \
+        {r.method for r in rows} == {"network namespaces, netem on each link"}
+    # 8 tokens, one Verify each, 20 ms per call: at most 50 tokens/s.
+    assert rows[1].target_only_tokens_per_s < 50 < rows[0].target_only_tokens_per_s
+    text = rtt.markdown(rows, 4)
+    assert "RTT added by: network namespaces" in text
+    assert rtt.choose_method(None) == (
+        "sleeps", "no pair to start in namespaces was given (sweep(..., pair=...))")
