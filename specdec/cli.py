@@ -69,6 +69,9 @@ def parser() -> argparse.ArgumentParser:
     from specdec.certs import add_parser as add_certs
 
     add_certs(sub)
+    from specdec.soak import add_parser as add_soak
+
+    add_soak(sub)
     return p
 
 
