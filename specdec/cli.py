@@ -66,6 +66,9 @@ def parser() -> argparse.ArgumentParser:
     from specdec.bench.load import add_parser as add_load
 
     add_load(sub)
+    from specdec.bench.tls_overhead import add_parser as add_bench_tls
+
+    add_bench_tls(sub)
     from specdec.certs import add_parser as add_certs
 
     add_certs(sub)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import signal
 import sys
 import threading
@@ -12,6 +13,7 @@ from contextlib import ExitStack
 
 log = logging.getLogger("specdec")
 
+API_KEY_ENV = "SPECDEC_API_KEY"
 DEMO_PROMPT = "Explain in a few sentences why the sky is blue."
 
 
@@ -34,9 +36,17 @@ def generate(args: argparse.Namespace) -> int:
 
     from specdec.client import Client, SpecdecAPIError
     from specdec.client.convert import chunk_to_proto, completion_to_proto
+    from specdec.tls import client_tls
 
     options = request_options(args)
-    with Client(args.address, timeout=args.timeout) as client:
+    try:
+        tls = client_tls(args.tls_ca, args.tls_cert, args.tls_key, args.tls_server_name)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    key = args.api_key or os.environ.get(API_KEY_ENV, "")
+    metadata = [("authorization", f"Bearer {key}")] if key else []
+    with Client(args.address, timeout=args.timeout, tls=tls, metadata=metadata) as client:
         try:
             if args.stream:
                 for chunk in client.stream(**options):
@@ -70,7 +80,15 @@ def up(args: argparse.Namespace) -> int:
         if s.http_url:
             print(f"HTTP: {s.http_url}/v1 (OpenAI-compatible), demo page {s.http_url}/demo",
                   flush=True)
-        print('try: specdec generate --chat "Hello!"   (Ctrl-C stops everything)', flush=True)
+        tls = ""
+        if s.tls_paths is not None:
+            ca = s.tls_paths["ca"][0]
+            tls = f" --tls-ca {ca}"
+            print(f"TLS on every hop (mutual to the draft and target); certificates in "
+                  f"{cfg.tls_dir}. Clients trust {ca}: curl --cacert {ca} "
+                  f"{s.http_url}/v1/models", flush=True)
+        print(f'try: specdec generate --chat "Hello!"{tls}   (Ctrl-C stops everything)',
+              flush=True)
         done = threading.Event()
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: done.set())
@@ -85,13 +103,12 @@ def up(args: argparse.Namespace) -> int:
 
 def demo(args: argparse.Namespace) -> int:
     """Prepare, start everything, K vs K=0 on one chat prompt, print both and the speedup."""
-    import grpc
-
     from specdec import stack
     from specdec.bench import harness
     from specdec.bench.system import BASELINE, GrpcScenario
     from specdec.prepare import prepare_smollm2
     from specdec.runtime.openvino_export import export
+    from specdec.tls import open_channel
     from specdec.v1 import generate_pb2_grpc
 
     print("== preparing the SmolLM2-135M model and its OpenVINO IRs (cached after the first "
@@ -103,7 +120,7 @@ def demo(args: argparse.Namespace) -> int:
     with ExitStack() as es:
         print("== starting target, draft and coordinator on loopback", flush=True)
         s = stack.start(cfg, es)
-        with grpc.insecure_channel(s.address) as channel:
+        with open_channel(s.address, tls=s.client_tls) as channel:
             stub = generate_pb2_grpc.GeneratorStub(channel)
             spec_sc = GrpcScenario(stub, cfg.k)
             print(f"== warming up, then generating greedily, K={cfg.k} and K=0 back to back, "
@@ -144,7 +161,18 @@ def stack_config(args: argparse.Namespace):
     return StackConfig(pair=pair, k=args.k_default, port=args.port, http_port=args.http_port,
                        draft_port=args.draft_port, target_port=args.target_port,
                        pin=not args.no_pin, no_draft=args.no_draft,
-                       pipeline=not args.no_pipeline)
+                       pipeline=not args.no_pipeline, tls_dir=tls_dir(args))
+
+
+def tls_dir(args: argparse.Namespace) -> str:
+    """The folder for --tls's development certificates ("" without --tls)."""
+    if not args.tls:
+        return ""
+    if args.tls_dir:
+        return args.tls_dir
+    from specdec.paths import default_home
+
+    return str(default_home() / "certs" / "dev")
 
 
 def add_stack_flags(p: argparse.ArgumentParser) -> None:
@@ -181,6 +209,13 @@ def add_stack_flags(p: argparse.ArgumentParser) -> None:
                    help="draft service port (default: %(default)s)")
     p.add_argument("--target-port", type=int, default=d.target_port,
                    help="target service port (default: %(default)s)")
+    p.add_argument("--tls", action="store_true",
+                   help="TLS on every hop with development certificates made on the fly "
+                        "(specdec certs): mutual TLS from the coordinator to the draft and "
+                        "target, TLS on the client API (gRPC and HTTPS)")
+    p.add_argument("--tls-dir", default="", metavar="DIR",
+                   help="with --tls: where the certificates go (a CA already there is "
+                        "kept) (default: $SPECDEC_HOME/certs/dev)")
     p.add_argument("--threads", type=int, default=DEFAULT_PAIR.target.threads,
                    help="threads per model service; 0 = the runtime's default "
                         "(default: %(default)s)")
@@ -212,6 +247,20 @@ def add_parsers(sub) -> None:
                    help="coordinator address (default: %(default)s)")
     g.add_argument("--timeout", type=float, default=600.0,
                    help="deadline in seconds (default: %(default)s)")
+    g.add_argument("--api-key", default="",
+                   help=f"send this API key ('authorization: Bearer <key>'); default: "
+                        f"${API_KEY_ENV} if set, else none")
+    g.add_argument("--tls-ca", default="", metavar="PEM",
+                   help="talk TLS to the coordinator and trust this CA bundle (e.g. the "
+                        "ca.crt of specdec certs or specdec up --tls); default: plaintext")
+    g.add_argument("--tls-cert", default="", metavar="PEM",
+                   help="a client certificate, for a coordinator started with "
+                        "--api-tls-client-ca (with --tls-key)")
+    g.add_argument("--tls-key", default="", metavar="PEM",
+                   help="the private key of --tls-cert")
+    g.add_argument("--tls-server-name", default="",
+                   help="the name the coordinator's certificate must carry, when it is not "
+                        "the host in --address")
     g.set_defaults(func=generate)
 
     u = sub.add_parser("up", help="start draft, target and coordinator on loopback",

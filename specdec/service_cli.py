@@ -40,6 +40,7 @@ class ModelServiceConfig:
     batch_linger_ms: float = 0.0
     grace: float = 5.0
     metrics_port: int = 0  # 0 = no metrics
+    health_port: int = 0  # 0 = none; else grpc.health.v1 alone, plaintext (specdec.health_port)
     log_level: str = "INFO"
 
     @property
@@ -131,6 +132,10 @@ def add_model_service_flags(p: argparse.ArgumentParser, default_port: int,
     p.add_argument("--metrics-port", type=int, default=0,
                    help="serve Prometheus metrics at http://HOST:PORT/metrics, on --host; "
                         "0 = off (default: %(default)s)")
+    p.add_argument("--health-port", type=int, default=0,
+                   help="also answer grpc.health.v1 (and nothing else) in plaintext on this "
+                        "port, on --host: for probes that cannot do (m)TLS, such as "
+                        "Kubernetes' gRPC probes; 0 = off (default: %(default)s)")
     p.add_argument("--log-level", default="INFO",
                    choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="(default: %(default)s)")
 
@@ -216,6 +221,8 @@ def log_start(kind: str, cfg: ModelServiceConfig, port: int, model: CachedModel)
         extra += f" cpus={cfg.cpus}"
     if cfg.metrics_port > 0:
         extra += f" metrics-port={cfg.metrics_port}"
+    if cfg.health_port > 0:
+        extra += f" health-port={cfg.health_port}"
     device = cfg.device or ("CPU" if cfg.backend == "openvino" else "cpu")
     log.info("%s service ready: model=%s backend=%s device=%s%s vocab=%d address=%s:%d",
              kind, cfg.model, cfg.backend, device, extra, model.vocab_size, cfg.host, port)
@@ -228,10 +235,14 @@ def run(kind: str, cfg: ModelServiceConfig, create) -> int:
     exit status 2, not a traceback.
     """
     from specdec.grpc_server import serve_until_signal
+    from specdec.health_port import HealthPort
 
     setup_logging(cfg.log_level)
+    health = None
     try:
         server, port, engine = create(cfg)
+        if cfg.health_port > 0:
+            health = HealthPort(server.health, cfg.host, cfg.health_port).start()
     except (OSError, ValueError) as exc:
         log.error("cannot start the %s service: %s", kind, exc)
         return 2
@@ -240,4 +251,6 @@ def run(kind: str, cfg: ModelServiceConfig, create) -> int:
                            on_ready=lambda: log_start(kind, cfg, port, engine.model))
     finally:
         engine.model.metrics.close()
+        if health is not None:
+            health.stop()
     return 0

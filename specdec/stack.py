@@ -1,10 +1,17 @@
-"""Draft, target and coordinator as child processes on loopback (`specdec up`, demo)."""
+"""Draft, target and coordinator as child processes on loopback (`specdec up`, demo).
+
+With `tls_dir`, every hop is TLS with development certificates made there on the fly
+(specdec.certs; an existing CA in the folder is kept): mutual TLS from the coordinator to
+the draft and target, and TLS on the coordinator's client API (gRPC and HTTPS).
+`Stack.client_tls` is what a client of ours needs then (the CA, and the `client`
+certificate, which the API does not require but accepts)."""
 
 from __future__ import annotations
 
 import logging
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 
 from coordinator.policy import DEFAULT_POLICY
 from specdec import launcher
@@ -24,6 +31,7 @@ class StackConfig:
     pin: bool = True  # specdec.pair.placement(): draft on the first CPU, target on the second
     pipeline: bool = DEFAULT_POLICY.pipeline
     no_draft: bool = False
+    tls_dir: str = ""  # "" = plaintext; else dev certificates here and TLS on every hop
 
 
 @dataclass
@@ -32,6 +40,8 @@ class Stack:
     target: launcher.ServiceProcess
     coordinator: launcher.ServiceProcess
     http_port: int = 0
+    client_tls: object = None  # specdec.tls.ClientTLS for the client API, None = plaintext
+    tls_paths: dict | None = None  # specdec.certs.make_dev_certs' result, with tls_dir
 
     @property
     def address(self) -> str:
@@ -41,16 +51,47 @@ class Stack:
     def http_url(self) -> str | None:
         """The HTTP API's base URL (None when it is not exposed)."""
         host = self.address.rsplit(":", 1)[0]
-        return f"http://{host}:{self.http_port}" if self.http_port > 0 else None
+        scheme = "https" if self.client_tls is not None else "http"
+        return f"{scheme}://{host}:{self.http_port}" if self.http_port > 0 else None
+
+
+def tls_flags(paths: dict) -> tuple[dict[str, tuple[str, ...]], list[str]]:
+    """The services' flags ({"draft": ..., "target": ...}) and the coordinator's, for mutual
+    TLS inside and TLS on the client API, from make_dev_certs' paths."""
+    ca = str(paths["ca"][0])
+
+    def server(role: str) -> tuple[str, ...]:
+        crt, key = paths[role]
+        return ("--tls-cert", str(crt), "--tls-key", str(key), "--tls-client-ca", ca)
+
+    client_crt, client_key = paths["coordinator-client"]
+    api_crt, api_key = paths["coordinator"]
+    return ({"draft": server("draft"), "target": server("target")},
+            ["--tls-ca", ca, "--tls-cert", str(client_crt), "--tls-key", str(client_key),
+             "--api-tls-cert", str(api_crt), "--api-tls-key", str(api_key)])
 
 
 def start(cfg: StackConfig, stack: ExitStack, echo: bool = False) -> Stack:
     """Start all three; each is stopped (SIGTERM) when `stack` closes."""
-    running = pairs.start(cfg.pair, stack, pin=cfg.pin, target_port=cfg.target_port,
+    pair, coord_tls, client, paths = cfg.pair, [], None, None
+    if cfg.tls_dir:
+        from specdec import certs
+        from specdec.tls import client_tls
+
+        paths = certs.make_dev_certs(Path(cfg.tls_dir), days=30,
+                                     say=lambda m: log.debug("certs: %s", m))
+        service_tls, coord_tls = tls_flags(paths)
+        pair = replace(pair, target=pair.target.with_(
+                           extra=pair.target.extra + service_tls["target"]),
+                       draft=pair.draft.with_(extra=pair.draft.extra + service_tls["draft"]))
+        client = client_tls(str(paths["ca"][0]), *map(str, paths["client"]))
+        log.info("TLS on every hop, certificates in %s", cfg.tls_dir)
+    running = pairs.start(pair, stack, pin=cfg.pin, target_port=cfg.target_port,
                           draft_port=cfg.draft_port, with_draft=not cfg.no_draft, echo=echo)
     coord_args = ["--target", running.target.address, "--port", str(cfg.port),
                   "--http-port", str(cfg.http_port),
-                  "--k", str(cfg.k), "--pipeline" if cfg.pipeline else "--no-pipeline"]
+                  "--k", str(cfg.k), "--pipeline" if cfg.pipeline else "--no-pipeline",
+                  *coord_tls]
     if running.draft:
         coord_args += ["--draft", running.draft.address]
     log.info("starting coordinator (Ray Serve) ...")
@@ -58,4 +99,4 @@ def start(cfg: StackConfig, stack: ExitStack, echo: bool = False) -> Stack:
                                  name="coordinator (Ray Serve)")
     stack.callback(coordinator.stop)
     log.info("coordinator ready at %s", coordinator.address)
-    return Stack(running.draft, running.target, coordinator, cfg.http_port)
+    return Stack(running.draft, running.target, coordinator, cfg.http_port, client, paths)

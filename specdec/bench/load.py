@@ -44,8 +44,10 @@ class GrpcVariant:
     may_fail = False
     connect_timeout_s = 60.0
 
-    def __init__(self, address: str, k: int | None, name: str, baseline: str | None = None):
+    def __init__(self, address: str, k: int | None, name: str, baseline: str | None = None,
+                 tls=None):
         self.address, self.k, self.name, self.baseline = address, k, name, baseline
+        self.tls = tls  # specdec.tls.ClientTLS for a coordinator with --api-tls-cert
 
     def window(self, load: Load, phase: str = "measure") -> Window:
         seconds, samples = run_streams(load, self._stream)
@@ -55,9 +57,10 @@ class GrpcVariant:
     def _stream(self, load: Load, stream: int, start: Callable[[], float]) -> list:
         import grpc
 
+        from specdec.tls import open_channel
         from specdec.v1 import generate_pb2_grpc
 
-        with grpc.insecure_channel(self.address) as channel:
+        with open_channel(self.address, tls=self.tls) as channel:
             grpc.channel_ready_future(channel).result(timeout=self.connect_timeout_s)
             stub = generate_pb2_grpc.GeneratorStub(channel)
             t0 = start()
@@ -196,6 +199,7 @@ def run(args: argparse.Namespace) -> int:
             cfg.pair = pair
             if cfg.http_port is None:  # not given: a free port (see add_parser)
                 cfg.http_port = drain.free_port()
+        tls = None
         if args.address:
             address, http_url = args.address, args.http_address
             meta["coordinator"] = f"given: {address}, HTTP {http_url or '-'}"
@@ -203,6 +207,8 @@ def run(args: argparse.Namespace) -> int:
             say("== starting target, draft and coordinator (as `specdec up`)")
             running = stack.start(cfg, es, echo=args.verbose)
             address, http_url = running.address, running.http_url
+            tls = running.client_tls
+            meta["tls"] = "every hop (specdec up --tls)" if tls is not None else "off"
             processes = {name: p.proc.pid for name, p in (
                 ("target", running.target), ("draft", running.draft),
                 ("coordinator", running.coordinator)) if p is not None}
@@ -213,7 +219,7 @@ def run(args: argparse.Namespace) -> int:
                                     f"{'pipelined' if cfg.pipeline else 'sequential'} rounds",
                         target_args=cfg.pair.target.args(0, cpus["target"]),
                         draft_args=None if cfg.no_draft else cfg.pair.draft.args(0, cpus["draft"]))
-        system = system_variants(apis, address, http_url)
+        system = system_variants(apis, address, http_url, tls)
         options = dict(irs, k=cfg.k, precision="f32")
         windows: list[Window] = []
         # One pass per peer set-up, so only one set-up's peers hold models at a time; the
@@ -243,19 +249,22 @@ def run(args: argparse.Namespace) -> int:
     return 1 if problems else 0
 
 
-def system_variants(apis: list[str], address: str, http_url: str | None) -> list:
+def system_variants(apis: list[str], address: str, http_url: str | None, tls=None) -> list:
     """specdec load's loop variants, target-only and the coordinator's default K, through
     each API in `apis` order (gRPC at `address`, HTTP at `http_url`); the HTTP outputs
-    are checked against the gRPC reference when gRPC runs too (listed first)."""
+    are checked against the gRPC reference when gRPC runs too (listed first). `tls`: a
+    specdec.tls.ClientTLS when the client API is TLS (its CA also verifies HTTPS)."""
     out: list = []
     for api in apis:
         if api == "grpc":
-            out += [GrpcVariant(address, 0, BASELINE),
-                    GrpcVariant(address, None, SPECULATIVE, BASELINE)]
+            out += [GrpcVariant(address, 0, BASELINE, tls=tls),
+                    GrpcVariant(address, None, SPECULATIVE, BASELINE, tls=tls)]
         elif api == "http":
             ref = apis[0] if apis[0] != "http" else None
-            out += [HttpVariant(http_url, 0, BASELINE, reference_api=ref),
-                    HttpVariant(http_url, None, SPECULATIVE, BASELINE, reference_api=ref)]
+            ca = tls.ca if tls is not None else None
+            out += [HttpVariant(http_url, 0, BASELINE, reference_api=ref, ca=ca),
+                    HttpVariant(http_url, None, SPECULATIVE, BASELINE, reference_api=ref,
+                                ca=ca)]
         else:
             raise ValueError(f"unknown api {api!r}")
     return out

@@ -97,8 +97,9 @@ class HttpVariant:
     connect_timeout_s = 60.0
 
     def __init__(self, base_url: str, k: int | None, name: str, baseline: str | None = None,
-                 reference_api: str | None = None):
+                 reference_api: str | None = None, ca: str | None = None):
         self.base_url = base_url.rstrip("/")
+        self.ca = ca  # verify an HTTPS API against this CA bundle (None: the system's)
         if "://" not in self.base_url:
             self.base_url = f"http://{self.base_url}"
         self.k, self.name, self.baseline = k, name, baseline
@@ -121,10 +122,13 @@ class HttpVariant:
         return self._model
 
     def _client(self, load: Load):
+        import ssl
+
         import httpx
 
+        verify = ssl.create_default_context(cafile=self.ca) if self.ca else True
         # trust_env=False: no proxy from the environment between the bench and loopback.
-        return httpx.Client(base_url=self.base_url, trust_env=False,
+        return httpx.Client(base_url=self.base_url, trust_env=False, verify=verify,
                             timeout=httpx.Timeout(load.timeout, connect=self.connect_timeout_s))
 
     def _stream(self, load: Load, stream: int, start: Callable[[], float]) -> list:
