@@ -116,7 +116,7 @@ class DraftLink(Link):
         self.record.draft_fallback()
         self.failures += 1
         if error.code() in DRAFT_DOWN_CODES:
-            self.router.mark_failed(self.replica)
+            self.router.mark_failed(self.replica, once_per_outage=True)
             self.replica = None  # re-pin (maybe elsewhere) after the back-off
         self.retry_at = time.monotonic() + backoff_s(self.backoff_base_s, self.failures, 5)
 
@@ -165,7 +165,7 @@ class TargetLink(Link):
                     raise ResourceExhausted(f"target is full: {e.details()}") from e
                 log.warning("target %s failed (%s: %s); re-pinning", self.replica.address,
                             code.name, e.details())
-                self.router.mark_failed(self.replica)
+                self.router.mark_failed(self.replica, once_per_outage=True)
                 tried.append(self.replica.address)
                 if not self.pin(tried):
                     raise Unavailable(

@@ -247,9 +247,18 @@ class Router:
         with self._lock:
             replica.pinned = max(0, replica.pinned - 1)
 
-    def mark_failed(self, replica: Replica) -> None:
-        """Skip this replica for a while (doubling with repeated failures, up to 60 s)."""
+    def mark_failed(self, replica: Replica, *, once_per_outage: bool = False) -> None:
+        """Skip this replica for a while (doubling with repeated failures, up to 60 s).
+
+        once_per_outage (what the loop's links pass): a failure reported while the replica
+        is still backed off is not counted again. It comes from a generation that was
+        pinned there before the outage (no new generation is given a backed-off replica),
+        so it is the same outage: N generations seeing one crash back the replica off
+        once, not N doublings (which reached the 60 s cap at once and kept a replica
+        restarted within seconds idle for a minute)."""
         with self._lock:
+            if once_per_outage and replica.down_until > self.clock():
+                return
             replica.failures += 1
             delay = backoff_s(self.backoff_s, replica.failures, 10, cap_s=60.0)
             replica.down_until = self.clock() + delay
