@@ -44,7 +44,10 @@ class Service:
 
 
 class ErrorMappingInterceptor(grpc.ServerInterceptor):
-    """SpecdecError -> its status code and message; anything else -> INTERNAL, logged."""
+    """SpecdecError -> its status code and message; anything else -> INTERNAL, logged.
+    A request whose bytes do not parse as its message (garbage, a string field that is
+    not UTF-8) is INVALID_ARGUMENT, not gRPC's own INTERNAL "Exception deserializing
+    request!"."""
 
     def intercept_service(self, continuation, handler_call_details):
         handler = continuation(handler_call_details)
@@ -52,10 +55,41 @@ class ErrorMappingInterceptor(grpc.ServerInterceptor):
             return None
         method = handler_call_details.method
         if handler.unary_unary is not None:
-            return handler._replace(unary_unary=_guard_unary(handler.unary_unary, method))
+            return handler._replace(unary_unary=_guard_unary(handler.unary_unary, method),
+                                    request_deserializer=_lenient(handler.request_deserializer))
         if handler.unary_stream is not None:
-            return handler._replace(unary_stream=_guard_stream(handler.unary_stream, method))
+            return handler._replace(unary_stream=_guard_stream(handler.unary_stream, method),
+                                    request_deserializer=_lenient(handler.request_deserializer))
         return handler
+
+
+@dataclass(frozen=True)
+class _Malformed:
+    """What a request that failed to parse becomes; the guarded method answers it with
+    INVALID_ARGUMENT instead of running."""
+
+    reason: str
+
+
+def _lenient(deserialize):
+    if deserialize is None:
+        return None
+
+    def parse(data: bytes):
+        try:
+            return deserialize(data)
+        except Exception as exc:  # noqa: BLE001 - protobuf's DecodeError and the like
+            return _Malformed(f"{type(exc).__name__}: {exc}")
+
+    return parse
+
+
+def _refuse_malformed(request, context, method: str) -> None:
+    if isinstance(request, _Malformed):
+        context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                      f"{method}: the request is not a valid protobuf message of its type "
+                      f"(e.g. truncated, or a string field that is not UTF-8): "
+                      f"{request.reason}")
 
 
 def _abort(exc: Exception, context: grpc.ServicerContext, method: str):
@@ -87,6 +121,7 @@ def busy_wait_s(context: grpc.ServicerContext) -> float:
 
 def _guard_unary(behavior, method):
     def guarded(request, context):
+        _refuse_malformed(request, context, method)
         try:
             _check_deadline(context)
             return behavior(request, context)
@@ -100,6 +135,7 @@ def _guard_unary(behavior, method):
 
 def _guard_stream(behavior, method):
     def guarded(request, context):
+        _refuse_malformed(request, context, method)
         try:
             _check_deadline(context)
             yield from behavior(request, context)
