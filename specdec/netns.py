@@ -139,7 +139,10 @@ def cleanup_stale() -> list[str]:
              if line.strip()]
     gone = [n for n in names if (m := _STALE.match(n)) and not _alive(int(m.group(1)))]
     for name in gone:
-        log.warning("deleting network namespace %s left by an earlier run", name)
+        pids = _ip("netns", "pids", name, check=False).stdout.split()
+        log.warning("deleting network namespace %s left by an earlier run%s", name,
+                    f" (processes {', '.join(pids)} still run in it: not killed here; the "
+                    "namespace lasts until they exit)" if pids else "")
         _ip("netns", "del", name, check=False)
     return gone
 
@@ -240,7 +243,8 @@ class Network:
         self.close()
 
     def _build(self) -> None:
-        self.subnet = _pick_subnet(os.getpid() * 8 + self.run_id)
+        # Runs at once have nearby pids: consecutive pids get different /24s.
+        self.subnet = _pick_subnet(os.getpid() + self.run_id * 4099)
         for node in self.nodes:
             _ip("netns", "add", self.ns(node))
             self._stack.callback(self._delete_ns, self.ns(node))
@@ -306,7 +310,8 @@ class Network:
 
     def set_rtt(self, a: str, b: str, rtt_ms: float, jitter_ms: float = 0.0) -> None:
         """netem on both ends of the a-b link: RTT/2 (+ jitter/2) each way; 0 removes it.
-        NetnsError where the kernel has no netem (see netem_available())."""
+        NetnsError where the kernel has no netem (see netem_available()). netem's jitter
+        delays each packet on its own, so it may reorder packets (TCP puts them back)."""
         link = self.link(a, b)
         for node in (a, b):
             dev = link.end(node)[0]
