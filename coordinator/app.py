@@ -96,11 +96,11 @@ class CoordinatorReplica:
     tests build this plain class instead)."""
 
     def __init__(self, config: dict):
-        from coordinator.config import CoordinatorConfig
+        from coordinator.config import CoordinatorConfig, with_environment
         from coordinator.setup import build_service
 
         logging.basicConfig(level=config.get("log_level", "INFO"))
-        cfg = CoordinatorConfig(**config)
+        cfg = CoordinatorConfig(**with_environment(config))
         self.service = build_service(cfg)
         self.metrics = start_metrics(cfg.metrics_port, self.service)
         # A round blocks its thread for a whole Propose + Verify: asyncio's default pool

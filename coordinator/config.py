@@ -69,6 +69,33 @@ class CoordinatorConfig:
                              if f.name in _FIELDS})
 
 
+# Fields a Serve replica may also take from its environment (SPECDEC_<FIELD>), where the
+# application's args leave them at their defaults: file paths of mounted Secrets, which
+# belong to the pod (k8s/components/tls, api-keys) rather than to the Serve config.
+ENV_FIELDS = ("tls_ca", "tls_cert", "tls_key", "tls_server_name", "api_keys",
+              "api_key_concurrency")
+
+
+def with_environment(config: dict, environ=None) -> dict:
+    """`config` with each ENV_FIELDS field it leaves at the default taken from
+    SPECDEC_<FIELD> when that is set."""
+    import os
+
+    environ = os.environ if environ is None else environ
+    defaults = CoordinatorConfig()
+    out = dict(config)
+    for name in ENV_FIELDS:
+        value = environ.get(f"SPECDEC_{name.upper()}")
+        if value and out.get(name, getattr(defaults, name)) == getattr(defaults, name):
+            kind = type(getattr(defaults, name))
+            try:
+                out[name] = kind(value)
+            except ValueError:
+                raise ValueError(f"SPECDEC_{name.upper()}={value!r} is not a valid "
+                                 f"{kind.__name__}") from None
+    return out
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m coordinator",
