@@ -18,7 +18,7 @@ TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 TORCH_CUDA  ?= $(if $(filter cu%,$(notdir $(patsubst %/,%,$(TORCH_INDEX)))),1,)
 TORCH_PROBE_S ?= 5
 
-.PHONY: setup protos prepare demo bench bench-quick bench-load test test-fast test-unit test-service lint clean cuda-check browser
+.PHONY: setup protos prepare demo bench bench-quick bench-load test test-fast test-unit test-service test-soak lint clean cuda-check browser
 
 setup: $(STAMP) $(GEN)
 
@@ -108,6 +108,12 @@ test-unit: setup
 
 test-service: setup
 	$(PYTEST) tests/service
+
+# The soak with faults, full form: 32 streams for 2 minutes on the default pair while the
+# draft and the targets are killed and restarted (~5 min). `make test` runs its short
+# form (tests/soak, tiny models, ~90 s); `specdec soak --help` says every check.
+test-soak: prepare
+	SPECDEC_SOAK=full $(PYTEST) -m soak -s tests/soak/test_soak_faults.py
 
 lint: setup
 	$(BIN)/ruff check .

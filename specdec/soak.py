@@ -123,7 +123,7 @@ def soak(cfg: SoakConfig, say=log.info) -> dict:
         sessions = _drain(topo, cfg.drain_s)
         rss.snap("end")
         figures = soak_report.figures(cfg, cap, streams.snapshot(), mix, faults, rss,
-                                      sessions, ended_s, drained)
+                                      sessions, ended_s, drained, topo.coordinator_errors())
     finally:
         say("stopping the services")
         topo.stop(Path(cfg.log_dir) if cfg.log_dir else None)

@@ -95,6 +95,18 @@ def _name(argv: list[bytes]) -> str:
     return os.path.basename(script or words[0])
 
 
+def _last_error(lines: list[str]) -> str:
+    """The exception a logged traceback ended with (its last unindented '...Error' line
+    before the next log line)."""
+    last = ""
+    for line in lines:
+        if line.startswith(("INFO", "WARNING", "ERROR", "DEBUG")):
+            break
+        if line and not line[0].isspace() and "Error" in line:
+            last = line
+    return last
+
+
 @dataclass
 class ModelService:
     """One model service slot: a role, fixed ports, and its current process."""
@@ -219,6 +231,26 @@ class Topology:
             service.stop()
         if log_dir is not None:
             self.write_logs(log_dir)
+
+    def coordinator_errors(self) -> list[str]:
+        """ERROR lines the coordinator logged (an internal error: `generation failed` with
+        its traceback, asyncio's 'Task exception was never retrieved') in Ray's worker
+        logs of this coordinator's session (session_*_<driver pid>)."""
+        if self.coordinator is None:
+            return []
+        import glob
+        import tempfile
+
+        root = Path(tempfile.gettempdir()) / f"specdec-ray-{os.getuid()}"
+        out = []
+        pattern = f"session_*_{self.coordinator.proc.pid}/logs/worker-*.err"
+        for path in sorted(glob.glob(str(root / pattern))):
+            lines = Path(path).read_text(errors="replace").splitlines()
+            for i, line in enumerate(lines):
+                if line.startswith("ERROR:coordinator") or \
+                        line.startswith("ERROR:asyncio"):
+                    out.append(f"{line} -> {_last_error(lines[i + 1:i + 200])}"[:300])
+        return out
 
     def write_logs(self, folder: Path) -> None:
         """Every process's output: <name>.<pid>.log."""

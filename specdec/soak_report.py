@@ -64,7 +64,8 @@ def _rss(rss, bound: float) -> tuple[dict, list[str]]:
     return table, over
 
 
-def figures(cfg, cap, outcomes, mix, faults, rss, sessions, ended_s, drained) -> dict:
+def figures(cfg, cap, outcomes, mix, faults, rss, sessions, ended_s, drained,
+            coordinator_errors=()) -> dict:
     windows = faults.no_target_windows()
     cancels = [o.ended_s for o in outcomes if o.status == "cancelled"]
     status = Counter(o.status for o in outcomes)
@@ -107,6 +108,10 @@ def figures(cfg, cap, outcomes, mix, faults, rss, sessions, ended_s, drained) ->
          f"{len(completed) - len(malformed)} of {len(completed)}"),
         ("no error but designed ones", not undesigned,
          f"designed {dict(designed) or 0}, undesigned {dict(undesigned) or 0}"),
+        ("the coordinator logged no internal error", not coordinator_errors,
+         f"{len(coordinator_errors)} ERROR lines in its replica's log"
+         + (f", e.g. {Counter(coordinator_errors).most_common(1)[0][0]}"
+            if coordinator_errors else "")),
         ("every service holds 0 sessions at the end", not leaks and drained,
          ", ".join(f"{k} {'dead' if v is None else v}" for k, v in sessions.items())
          + ("" if drained else "; some streams never finished")),
@@ -143,6 +148,7 @@ def figures(cfg, cap, outcomes, mix, faults, rss, sessions, ended_s, drained) ->
         "mismatches": mismatches[:20], "malformed": malformed[:20],
         "errors": {"designed": dict(designed), "undesigned": dict(undesigned)},
         "undesigned_examples": examples[:20],
+        "coordinator_errors": dict(Counter(coordinator_errors).most_common(10)),
         "sessions_at_end": sessions,
         "rss_mib": rss_table,
         "timeline": [[round(o.started_s, 2), round(o.ended_s, 2), o.stream, o.spec.kind,
