@@ -28,13 +28,40 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingRes
 from coordinator.auth import APIKeys
 from coordinator.bridge import close_after, next_in_thread
 from coordinator.generation import GenerationService, add_chunk
-from coordinator.openai_api import bad, chat_request, completion_request, from_exception
+from coordinator.openai_api import (
+    APIError,
+    bad,
+    chat_request,
+    completion_request,
+    from_exception,
+)
 from coordinator.openai_responses import CHAT, COMPLETION, DONE, Responses, sse
 from specdec.v1 import generate_pb2
 
 log = logging.getLogger("coordinator.http")
 DEMO_PAGE = Path(__file__).with_name("demo.html")
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+# The largest request body read (the model services' gRPC message limit): a prompt of
+# the largest context is far smaller, and a bigger body is refused (413) before it is
+# held in memory whole.
+MAX_BODY_BYTES = 8 * 1024 * 1024
+
+
+async def _read_body(request: Request) -> bytes:
+    """The request body, or 413 in OpenAI's shape once it passes MAX_BODY_BYTES (by its
+    Content-Length, or while it arrives, for a chunked one)."""
+    too_big = APIError(413, f"the request body is larger than {MAX_BODY_BYTES} bytes; "
+                            "send a shorter prompt", code="request_too_large")
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise too_big
+    parts, size = [], 0
+    async for part in request.stream():
+        size += len(part)
+        if size > MAX_BODY_BYTES:
+            raise too_big
+        parts.append(part)
+    return b"".join(parts)
 
 
 def error_response(exc: BaseException) -> JSONResponse:
@@ -115,9 +142,14 @@ class OpenAIFrontend:
 
     async def _respond(self, request: Request, kind: str, held: ExitStack) -> Response:
         try:
-            body = json.loads(await request.body() or b"null")
+            body = json.loads(await _read_body(request) or b"null")
+        except APIError as exc:
+            return error_response(exc)
         except (ValueError, UnicodeDecodeError) as exc:
             return error_response(bad(f"the request body is not valid JSON ({exc})"))
+        except RecursionError:  # json.loads on arrays or objects nested ~1000 deep
+            return error_response(bad("the request body is not valid JSON for this API: "
+                                      "it nests arrays or objects too deeply"))
         card = self.service.card
         try:
             req, opts = (chat_request if kind == CHAT else completion_request)(body, card.id)

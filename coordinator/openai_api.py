@@ -158,6 +158,10 @@ def completion_request(body, model: str) -> tuple[generate_pb2.GenerateRequest, 
     if isinstance(prompt, str) and prompt:
         req.prompt = prompt
     elif isinstance(prompt, list) and prompt and all(_is_int(t) for t in prompt):
+        beyond = [t for t in prompt if not 0 <= t <= INT32_MAX]
+        if beyond:
+            raise bad("`prompt` token ids must be in the model's vocabulary (ids >= 0, "
+                      f"below its vocab size); got {beyond[:5]}", "prompt")
         req.prompt_token_ids.extend(prompt)
     else:
         raise bad("`prompt` must be a non-empty string or a list of token ids (one prompt "
@@ -169,6 +173,7 @@ def completion_request(body, model: str) -> tuple[generate_pb2.GenerateRequest, 
 def _object(body, allowed: set[str]) -> dict:
     if not isinstance(body, dict):
         raise bad("the request body must be a JSON object")
+    _check_unicode(body)
     unknown = sorted(set(body) - allowed)
     if unknown:
         raise bad(f"unrecognized request argument(s): {', '.join(unknown)}", unknown[0],
@@ -274,11 +279,47 @@ def _number(body: dict, name: str, default: float) -> float:
     value = body.get(name)
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
-            not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise bad(f"`{name}` must be a finite number", name)
-    return float(value)
+    try:
+        number = float(value)  # an integer beyond a double's range overflows
+    except OverflowError:
+        number = math.inf
+    if not math.isfinite(number):
+        raise bad(f"`{name}` must be a finite number", name)
+    return number
 
 
 def _is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _surrogate(text: str) -> str | None:
+    """The first lone surrogate in `text` (JSON's \\ud800 escapes decode to one), if any:
+    such a string has no UTF-8 form, so no tokenizer or protobuf field can take it."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return text[exc.start]
+    return None
+
+
+def _check_unicode(body: dict) -> None:
+    """400 naming the top-level parameter whose strings (keys included, at any depth)
+    hold a lone surrogate; walked without recursion (json.loads allows deep nesting)."""
+    for key, value in body.items():
+        param = key if _surrogate(key) is None else None  # a name that is itself bad
+        todo = [key, value]
+        while todo:
+            item = todo.pop()
+            if isinstance(item, str):
+                char = _surrogate(item)
+                if char is not None:
+                    where = f"`{param}`" if param is not None else "a parameter name"
+                    raise bad(f"{where} holds a lone surrogate ({ascii(char)}), which is not "
+                              "valid Unicode; send UTF-8 text", param, "invalid_unicode")
+            elif isinstance(item, dict):
+                todo.extend(item.keys())
+                todo.extend(item.values())
+            elif isinstance(item, list):
+                todo.extend(item)

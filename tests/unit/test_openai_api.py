@@ -88,6 +88,36 @@ def test_bad_chat_bodies(change, status, param):
     assert set(body) == {"message", "type", "param", "code"} and body["message"]
 
 
+# Found by tests/fuzz (each was a 500 with a UnicodeEncodeError, OverflowError or
+# ValueError from protobuf): lone surrogates (JSON "\ud800" escapes), integers beyond a
+# double, token ids beyond 32 bits.
+@pytest.mark.parametrize(("change", "param"), [
+    ({"messages": [{"role": "user", "content": "\udc00x"}]}, "messages"),
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": "\ud800"}]}]},
+     "messages"),
+    ({"stop": ["ok", "\ud800"]}, "stop"),
+    ({"model": "\udfff"}, "model"),
+    ({"user": {"\ud800": 1}}, "user"),
+    ({"\ud800": 1}, None),
+    ({"temperature": 10**400}, "temperature"),
+    ({"timeout": -10**400}, "timeout"),
+    ({"presence_penalty": 10**309}, "presence_penalty"),
+])
+def test_hostile_values_are_400_not_500(change, param):
+    with pytest.raises(APIError) as info:
+        chat_request({"model": M, "messages": MSG, **change}, M)
+    err = info.value
+    assert (err.status, err.param) == (400, param), err.message
+    assert err.message
+
+
+@pytest.mark.parametrize("prompt", ["\ud800", ["\udbff"], [10**30], [[2**31]], [-1], [1, -2**31]])
+def test_hostile_completion_prompts_are_400(prompt):
+    with pytest.raises(APIError) as info:
+        completion_request({"model": M, "prompt": prompt}, M)
+    assert (info.value.status, info.value.param) == (400, "prompt"), info.value.message
+
+
 def test_domain_errors_get_http_statuses():
     cases = [(InvalidArgument("x"), 400), (ResourceExhausted("x"), 429),
              (Unavailable("x"), 503), (DeadlineExceeded("x"), 504), (KeyError("x"), 500)]
