@@ -174,3 +174,15 @@ def test_a_garbage_handshake_does_not_stop_the_front(secure):
     time.sleep(0.2)
     with _client(secure) as client:
         assert len(client.generate("Hi", max_new_tokens=3).token_ids) == 3
+
+
+def test_specdec_generate_over_tls(secure, capsys):
+    from specdec.cli import main
+
+    crt, key = secure["good"]["client"]
+    args = ["generate", "Hello there", "--max-new-tokens", "5", "--address",
+            secure["address"], "--tls-ca", secure["ca"], "--json"]
+    assert main(args + ["--tls-cert", str(crt), "--tls-key", str(key)]) == 0
+    assert '"tokenIds"' in capsys.readouterr().out
+    assert main(args) == 1  # no client certificate: refused, and said so
+    assert "UNAVAILABLE" in capsys.readouterr().err
