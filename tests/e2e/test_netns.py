@@ -71,6 +71,73 @@ def loopback_outputs() -> dict[int, list[int]]:
         target.stop(0)
 
 
+# -- the harness on its own (first: nothing else runs beside them) ------------------------
+
+def test_a_network_is_gone_after_its_block_even_on_failure():
+    def names() -> set[str]:
+        out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+        return {line.split()[0] for line in out.splitlines() if line.strip()}
+
+    with pytest.raises(RuntimeError, match="on purpose"), \
+            Network(["a", "b"], [("a", "b"), (ROOT, "a")]) as net:
+        made = {net.ns("a"), net.ns("b")}
+        assert made <= names()
+        root_dev = net.link(ROOT, "a").a_dev
+        raise RuntimeError("on purpose")
+    assert not made & names()
+    assert subprocess.run(["ip", "link", "show", root_dev], capture_output=True).returncode != 0
+    with pytest.raises(ValueError, match="not one of the nodes"):
+        Network(["a"], [("a", "z")])
+    assert issubclass(NetnsError, RuntimeError)
+
+
+def test_a_plain_link_between_namespaces_adds_no_delay_of_its_own():
+    """The RTT the tests below measure is the one added: a bare veth link between two
+    namespaces answers in well under it."""
+    def client(ip: str) -> str:
+        return (f"import socket,time\ns=socket.create_connection(({ip!r},7))\nbest=9\n"
+                "for _ in range(20):\n t=time.perf_counter();s.sendall(b'x');s.recv(1)\n"
+                " best=min(best,time.perf_counter()-t)\nprint(best)")
+
+    with Network(["a", "b"], [("a", "b")]) as net:
+        server = subprocess.Popen(
+            [*net.prefix("b"), sys.executable, "-c",
+             "import socket\ns=socket.create_server(('0.0.0.0',7))\nprint('up',flush=True)\n"
+             "c,_=s.accept()\nwhile d:=c.recv(1): c.sendall(d)"],
+            stdout=subprocess.PIPE, text=True)
+        try:
+            assert server.stdout.readline().strip() == "up"
+            run = net.run("a", [sys.executable, "-c", client(net.address("b", "a"))],
+                          capture_output=True, text=True, timeout=30)
+            assert run.returncode == 0, run.stderr
+            assert float(run.stdout) < RTT_MS / 1000 / 2  # the best of 20 round trips
+        finally:
+            server.kill()
+            server.wait()
+
+
+def test_the_rtt_sweep_adds_its_rtt_between_namespaces():
+    """specdec.bench.rtt with a pair: its own target and draft in namespaces, the RTT on
+    the links (not the coordinator's sleeps), and every token of target-only decoding
+    pays it."""
+    from specdec.bench import rtt
+
+    rows = rtt.sweep("unused:1", "unused:2", [0, 20], ["Hello there"], 4, 8, pair=TINY_PAIR,
+                     pin=False, say=print)
+    assert [r.rtt_ms for r in rows] == [0, 20]
+    assert {r.method for r in rows} == {"network namespaces, delay proxy on each link"} or \
+        {r.method for r in rows} == {"network namespaces, netem on each link"}
+    # 8 tokens, one Verify each, 20 ms per call: under 50 tokens/s whatever the load.
+    assert rows[1].target_only_tokens_per_s < 50
+    assert rows[1].target_only_tokens_per_s < rows[0].target_only_tokens_per_s
+    text = rtt.markdown(rows, 4)
+    assert "RTT added by: network namespaces" in text
+    assert rtt.choose_method(None) == (
+        "sleeps", "no pair to start in namespaces was given (sweep(..., pair=...))")
+
+
+# -- three hosts: draft, target, coordinator -------------------------------------------
+
 @pytest.fixture(scope="module")
 def hosts():
     """The three namespaces with their services up; a dict of what the tests need."""
@@ -91,7 +158,7 @@ def hosts():
             return start_service(net, role, "coord", spec.module,
                                  [*spec.args(), "--tls-cert", str(crt), "--tls-key", str(key),
                                   "--tls-client-ca", ca],
-                                 PORTS[role], rtt_ms=RTT_MS, timeout=90, name=role)
+                                 PORTS[role], rtt_ms=RTT_MS, timeout=180, name=role)
 
         with ThreadPoolExecutor(2) as pool:
             started = {role: pool.submit(model_service, role) for role in ("draft", "target")}
@@ -105,7 +172,7 @@ def hosts():
              "--host", coord_ip, "--port", str(COORD_PORT), "--http-port", "0",
              "--max-concurrency", "4", "--tls-ca", ca, "--tls-cert", str(crt),
              "--tls-key", str(key)],
-            timeout=150, env={"TMPDIR": tmp}, name="coordinator")
+            timeout=240, env={"TMPDIR": tmp}, name="coordinator")
         yield dict(net=net, endpoints=endpoints, coordinator=coordinator, pki=pki,
                    loopback=loopback)
         assert coordinator.stop() == 0, coordinator.output[-3000:]
@@ -170,63 +237,3 @@ def test_a_client_without_a_certificate_is_refused_from_another_namespace(hosts)
         assert result[role]["model"] == getattr(TINY_PAIR, role).model
         # The added RTT is on the path: every call pays it.
         assert result[role]["info_s"] >= 0.95 * RTT_MS / 1000, result
-
-
-def test_a_network_is_gone_after_its_block_even_on_failure():
-    def names() -> set[str]:
-        out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-        return {line.split()[0] for line in out.splitlines() if line.strip()}
-
-    with pytest.raises(RuntimeError, match="on purpose"), \
-            Network(["a", "b"], [("a", "b"), (ROOT, "a")]) as net:
-        made = {net.ns("a"), net.ns("b")}
-        assert made <= names()
-        root_dev = net.link(ROOT, "a").a_dev
-        raise RuntimeError("on purpose")
-    assert not made & names()
-    assert subprocess.run(["ip", "link", "show", root_dev], capture_output=True).returncode != 0
-    with pytest.raises(ValueError, match="not one of the nodes"):
-        Network(["a"], [("a", "z")])
-    assert issubclass(NetnsError, RuntimeError)
-
-
-def test_a_plain_link_between_namespaces_adds_no_delay_of_its_own():
-    """The RTT measured above is the one added: a bare veth link between two namespaces
-    answers in well under it."""
-    def client(ip: str) -> str:
-        return (f"import socket,time\ns=socket.create_connection(({ip!r},7))\n"
-                "t=time.perf_counter();s.sendall(b'x');s.recv(1);print(time.perf_counter()-t)")
-
-    with Network(["a", "b"], [("a", "b")]) as net:
-        server = subprocess.Popen(
-            [*net.prefix("b"), sys.executable, "-c",
-             "import socket\ns=socket.create_server(('0.0.0.0',7))\nprint('up',flush=True)\n"
-             "c,_=s.accept()\nc.sendall(c.recv(1))"], stdout=subprocess.PIPE, text=True)
-        try:
-            assert server.stdout.readline().strip() == "up"
-            run = net.run("a", [sys.executable, "-c", client(net.address("b", "a"))],
-                          capture_output=True, text=True, timeout=30)
-            assert run.returncode == 0, run.stderr
-            assert float(run.stdout) < RTT_MS / 1000 / 2
-        finally:
-            server.kill()
-            server.wait()
-
-
-def test_the_rtt_sweep_adds_its_rtt_between_namespaces():
-    """specdec.bench.rtt with a pair: its own target and draft in namespaces, the RTT on
-    the links (not the coordinator's sleeps), and every token of target-only decoding
-    pays it."""
-    from specdec.bench import rtt
-
-    rows = rtt.sweep("unused:1", "unused:2", [0, 20], ["Hello there"], 4, 8, pair=TINY_PAIR,
-                     pin=False, say=print)
-    assert [r.rtt_ms for r in rows] == [0, 20]
-    assert {r.method for r in rows} == {"network namespaces, delay proxy on each link"} or \
-        {r.method for r in rows} == {"network namespaces, netem on each link"}
-    # 8 tokens, one Verify each, 20 ms per call: at most 50 tokens/s.
-    assert rows[1].target_only_tokens_per_s < 50 < rows[0].target_only_tokens_per_s
-    text = rtt.markdown(rows, 4)
-    assert "RTT added by: network namespaces" in text
-    assert rtt.choose_method(None) == (
-        "sleeps", "no pair to start in namespaces was given (sweep(..., pair=...))")
