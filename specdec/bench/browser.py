@@ -44,8 +44,11 @@ def missing() -> str | None:
 
 
 @contextmanager
-def chromium(width: int = 1400, height: int = 1000) -> Iterator:
-    """A headless Chromium WebDriver with a fresh, empty profile; quit on exit."""
+def chromium(width: int = 1400, height: int = 1000,
+             accept_insecure_certs: bool = False) -> Iterator:
+    """A headless Chromium WebDriver with a fresh, empty profile; quit on exit.
+    accept_insecure_certs: take any server certificate (a page served over HTTPS with a
+    development CA the browser does not know)."""
     why = missing()
     if why:
         raise BrowserMissing(why)
@@ -55,6 +58,7 @@ def chromium(width: int = 1400, height: int = 1000) -> Iterator:
     with tempfile.TemporaryDirectory(prefix="specdec-chromium-") as profile:
         options = webdriver.ChromeOptions()
         options.binary_location = str(CHROMIUM)
+        options.accept_insecure_certs = accept_insecure_certs
         for flag in (*FLAGS, f"--user-data-dir={profile}", f"--window-size={width},{height}"):
             options.add_argument(flag)
         driver = webdriver.Chrome(options=options, service=Service(str(CHROMEDRIVER)))
