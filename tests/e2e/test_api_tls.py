@@ -29,6 +29,8 @@ pytestmark = pytest.mark.slow
 
 HOSTS = ["127.0.0.1", "localhost"]
 OPTIONS = [("grpc.use_local_subchannel_pool", 1)]  # a connection of its own per channel
+KEY = "tls-test-key-" + "x" * 16
+AUTH = [("authorization", f"Bearer {KEY}")]
 
 
 def _serve(create, cfg):
@@ -55,7 +57,10 @@ def secure(tmp_path_factory):
     target, t_addr, t_engine = _serve(create_target, TargetConfig(
         model="tiny-random", port=0, max_sessions=8, **fields("target")))
     port, http_port = free_port(), free_port()
+    keys = tmp_path_factory.mktemp("keys") / "keys"
+    keys.write_text(f"tester:{KEY}\n")
     proc = start("coordinator", [
+        "--api-keys", str(keys),
         "--draft", d_addr, "--target", t_addr, "--port", str(port),
         "--http-port", str(http_port), "--max-concurrency", "4",
         "--tls-ca", ca, "--tls-cert", str(good["coordinator-client"][0]),
@@ -74,7 +79,7 @@ def secure(tmp_path_factory):
 
 def _client(secure, role="client", pki="good") -> Client:
     crt, key = secure[pki][role]
-    return Client(secure["address"], timeout=60, channel_options=OPTIONS,
+    return Client(secure["address"], timeout=60, channel_options=OPTIONS, metadata=AUTH,
                   tls=client_tls(secure["ca"], str(crt), str(key)))
 
 
@@ -82,7 +87,8 @@ def _httpx(secure, pki="good") -> httpx.Client:
     crt, key = secure[pki]["client"]
     ctx = ssl.create_default_context(cafile=secure["ca"])
     ctx.load_cert_chain(str(crt), str(key))
-    return httpx.Client(base_url=secure["http"], verify=ctx, timeout=60)
+    return httpx.Client(base_url=secure["http"], verify=ctx, timeout=60,
+                        headers={"authorization": f"Bearer {KEY}"})
 
 
 def test_generation_over_tls_equals_target_only(secure):
@@ -126,7 +132,7 @@ def test_client_api_refuses_no_certificate_and_a_strangers(secure):
 
 def test_https_api_with_the_openai_client(secure):
     with _httpx(secure) as http:
-        client = openai.OpenAI(base_url=secure["http"] + "/v1", api_key="unused",
+        client = openai.OpenAI(base_url=secure["http"] + "/v1", api_key=KEY,
                                http_client=http)
         model = client.models.list().data[0].id
         out = client.completions.create(model=model, prompt="Hello there", max_tokens=8,
@@ -149,10 +155,23 @@ def test_health_and_cancel_through_the_tls_front(secure):
         assert health.status == health_pb2.HealthCheckResponse.SERVING
         stream = generate_pb2_grpc.GeneratorStub(channel).GenerateStream(
             generate_pb2.GenerateRequest(prompt="Once", max_new_tokens=400,
-                                         num_draft_tokens=4), timeout=60)
+                                         num_draft_tokens=4), timeout=60, metadata=AUTH)
         next(stream)
         stream.cancel()
     assert sessions_released(*secure["engines"], within_s=5)
+
+
+def test_the_api_key_is_checked_through_the_front(secure):
+    crt, key = secure["good"]["client"]
+    keyless = Client(secure["address"], timeout=10, channel_options=OPTIONS,
+                     tls=client_tls(secure["ca"], str(crt), str(key)))
+    with keyless, pytest.raises(SpecdecAPIError) as err:
+        keyless.generate("Hi", max_new_tokens=2)
+    assert err.value.code == grpc.StatusCode.UNAUTHENTICATED
+    assert "authorization: Bearer" in str(err.value)
+    with _httpx(secure) as http:
+        r = http.get("/v1/models", headers={"authorization": "Bearer wrong-key-0000000000"})
+    assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
 
 
 def test_bad_input_keeps_its_status_through_the_front(secure):
@@ -181,7 +200,7 @@ def test_specdec_generate_over_tls(secure, capsys):
 
     crt, key = secure["good"]["client"]
     args = ["generate", "Hello there", "--max-new-tokens", "5", "--address",
-            secure["address"], "--tls-ca", secure["ca"], "--json"]
+            secure["address"], "--tls-ca", secure["ca"], "--json", "--api-key", KEY]
     assert main(args + ["--tls-cert", str(crt), "--tls-key", str(key)]) == 0
     assert '"tokenIds"' in capsys.readouterr().out
     assert main(args) == 1  # no client certificate: refused, and said so
