@@ -111,9 +111,12 @@ def run(args: argparse.Namespace) -> int:
 
             rtts = [float(x) for x in _list(args.rtt)]
             say(f"== RTT sweep {rtts} ms, sequential vs pipelined")
+            # With namespaces permitted, the sweep starts its own pair in them (the RTT on
+            # real links); this pair idles meanwhile. Else in-client sleeps on this one.
             rtt_rows = rtt_sweep.sweep(addresses["target"], addresses["draft"], rtts,
                                        messages, k_pipe, args.max_new_tokens,
-                                       progress=lambda xs: tqdm(xs, desc="rtt", unit="rtt"))
+                                       progress=lambda xs: tqdm(xs, desc="rtt", unit="rtt"),
+                                       pair=pair, pin=args.pin, say=say)
         rss = {role: _peak_rss_mb(p.proc.pid) for role, p in running.processes().items()}
     rows = [r for t in temps for r in report.summarise([s for s in samples
                                                         if s.temperature == t], t)]
@@ -209,8 +212,10 @@ def add_parser(sub) -> None:
                    help="loop variants run at K=4 besides the sequential K sweep, among "
                         f"{', '.join(LOOPS)}; empty = none (default: %(default)s)")
     p.add_argument("--rtt", default="0,1,5,20",
-                   help="injected round-trip times (ms) for the sequential vs pipelined sweep; "
-                        "empty = skip (default: %(default)s)")
+                   help="round-trip times (ms) for the sequential vs pipelined sweep, added "
+                        "on network-namespace links where namespaces can be made (netem or "
+                        "a delaying proxy; specdec.netns), else as sleeps in the "
+                        "coordinator's clients; empty = skip (default: %(default)s)")
     p.add_argument("--out", default="bench-results",
                    help="folder for bench.json, bench.md and the plots (default: %(default)s)")
     p.add_argument("--report", metavar="JSON",
