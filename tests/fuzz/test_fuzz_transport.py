@@ -277,3 +277,60 @@ def test_http_slow_senders(fuzz_transport):
     for status, raw in results:
         assert status == 200, raw[:300]
         assert json.loads(raw)["choices"][0]["text"] == stack.ref.http_text
+
+
+# -- HTTP/2 requests with hostile gRPC framing and headers --------------------------------
+
+VALID_PROPOSE = draft_pb2.ProposeRequest(session_id="h2-fuzz", keep_digest=digest.EMPTY,
+                                         new_tokens=PROMPT, num_tokens=2).SerializeToString()
+
+
+@examples(40)
+@given(port=st.sampled_from(["draft", "target"]),
+       path=st.sampled_from([PROPOSE, VERIFY, "/specdec.v1.DraftService/Info",
+                             "/specdec.v1.DraftService/Nope", "/", "", "/x" * 50,
+                             "/grpc.health.v1.Health/Check"]),
+       content_type=st.sampled_from(["application/grpc", "application/grpc+proto",
+                                     "application/grpc+json", "text/html", None]),
+       timeout=st.sampled_from([None, "1S", "0n", "-1S", "99999999S", "abc", "1H",
+                                "100000000n", "1x", ""]),
+       encoding=st.sampled_from([None, "gzip", "identity", "snappy", "", "deflate"]),
+       te=st.booleans(),
+       flag=st.sampled_from([0, 0, 1, 2, 255]),
+       length_delta=st.sampled_from([0, 0, -1, 1, 1000, 2**31]),
+       payload=st.one_of(st.just(VALID_PROPOSE), st.binary(max_size=64)),
+       end_stream=st.booleans())
+def test_hostile_grpc_framing_and_headers(fuzz_transport, port, path, content_type,
+                                          timeout, encoding, te, flag, length_delta,
+                                          payload, end_stream):
+    """Wrong paths, content types, grpc-timeout and grpc-encoding values, compressed
+    flags, length prefixes that lie, calls that never end their stream: the server
+    answers or drops the call within seconds and keeps serving everyone else."""
+    import struct
+
+    from tests.fuzz._fuzz_h2 import DATA, END_HEADERS, END_STREAM, HEADERS, header_block
+
+    address = fuzz_transport.draft_addr if port == "draft" else fuzz_transport.target_addr
+    headers = [(":method", "POST"), (":scheme", "http"), (":path", path),
+               (":authority", address)]
+    for name, value in (("content-type", content_type), ("grpc-timeout", timeout),
+                        ("grpc-encoding", encoding), ("te", "trailers" if te else None)):
+        if value is not None:
+            headers.append((name, value))
+    declared = max(0, min(len(payload) + length_delta, 2**32 - 1))
+    message = bytes([flag]) + struct.pack(">I", declared) + payload
+    conn = RawH2(address, timeout=5)
+    try:
+        conn.handshake()
+        conn.send(frame(HEADERS, END_HEADERS, 1, header_block(headers)) +
+                  frame(DATA, END_STREAM if end_stream else 0, 1, message))
+        conn.sock.settimeout(0.5)  # a call left incomplete is not answered: stop waiting
+        t0 = time.monotonic()
+        try:
+            conn.response(1)
+        except (OSError, ConnectionError):
+            pass  # reset, GOAWAY, closed, or (a call left open) the read timed out
+        assert time.monotonic() - t0 < 3
+    finally:
+        conn.close()
+        fuzz_transport.release_all()
