@@ -86,7 +86,8 @@ class GenerationService:
         require(0 <= k <= lim.max_draft_tokens,
                 f"num_draft_tokens must be in [0, {lim.max_draft_tokens}] (the draft's "
                 f"max_draft_tokens; 0 = target only), got {k}")
-        require(len(req.stop) <= MAX_STOP_STRINGS, f"at most {MAX_STOP_STRINGS} stop strings")
+        require(len(req.stop) <= MAX_STOP_STRINGS,
+                f"stop holds {len(req.stop)} strings; at most {MAX_STOP_STRINGS} are allowed")
         require(all(len(s) <= MAX_STOP_CHARS for s in req.stop),
                 f"stop strings must be at most {MAX_STOP_CHARS} characters")
         ids = self._prompt_ids(req)

@@ -47,7 +47,8 @@ HTTP_STATUS = {
 # parameter it came from.
 SERVICE_FIELDS = {"max_new_tokens": "max_tokens", "num_draft_tokens": "num_draft_tokens",
                   "sampling.temperature": "temperature", "sampling.top_p": "top_p",
-                  "sampling.top_k": "top_k", "sampling.seed": "seed", "stop": "stop"}
+                  "sampling.top_k": "top_k", "sampling.seed": "seed", "stop": "stop",
+                  "prompt_token_ids": "prompt"}
 INT32_MAX = 2**31 - 1
 DEFAULT_TEMPERATURE = 1.0  # OpenAI's default; send 0 for greedy
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}

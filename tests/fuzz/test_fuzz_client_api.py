@@ -322,6 +322,18 @@ def test_hostile_values_are_400(fuzz_api, http, path, body, param):
     assert check_error_body(r)["param"] == param
 
 
+@pytest.mark.parametrize(("body", "param"), [
+    ({"prompt": "hi", "stop": ["a"] * (MAX_STOP_STRINGS + 1)}, "stop"),
+    ({"prompt": [VOCAB]}, "prompt"),
+])
+def test_service_errors_name_the_parameter(fuzz_api, http, body, param):
+    """GenerationService's refusals name the OpenAI parameter they came from."""
+    body = {"model": fuzz_api.service.card.id, "max_tokens": 2, **body}
+    r = _post(http, "/v1/completions", json.dumps(body).encode())
+    assert r.status_code == 400, r.text
+    assert check_error_body(r)["param"] == param
+
+
 def test_body_beyond_the_limit_is_413(fuzz_api, http):
     """A body past MAX_BODY_BYTES is refused before it is read whole, whether it says its
     length or comes chunked; one just under it is parsed (and refused for its content)."""

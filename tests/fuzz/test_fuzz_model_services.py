@@ -382,3 +382,21 @@ def test_huge_repeated_fields_and_oversized_messages(fuzz_services):
             call()
         assert info.value.code() == code, (info.value.code(), info.value.details())
         assert fragment in info.value.details(), info.value.details()
+
+
+# -- empty everything ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("method", [m for m, _ in METHODS])
+def test_empty_requests(fuzz_services, method):
+    """Every RPC with an empty message (all fields at their defaults, zero bytes on the
+    wire): Info answers, the rest are INVALID_ARGUMENT naming what is missing."""
+    if method.endswith("/Info"):
+        assert common_pb2.ModelInfo.FromString(raw_call(fuzz_services, method, b"")).vocab_size
+        return
+    with pytest.raises(grpc.RpcError) as info:
+        raw_call(fuzz_services, method, b"")
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, info.value.details()
+    expected = {"Propose": "num_tokens", "Verify": "new_tokens"}.get(method.rsplit("/")[-1],
+                                                                     "session_id")
+    assert expected in info.value.details(), info.value.details()
