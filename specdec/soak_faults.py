@@ -40,7 +40,10 @@ from specdec.pair import Pair, ServiceSpec, placement
 log = logging.getLogger("specdec.soak")
 
 FAULTS = ("draft-kill", "target-kill", "target-restart")
-DEFAULT_FAULT_AT = (0.15, 0.35, 0.55)
+# Early enough that the run sees the recovery: target B's restart takes ~30 s on two
+# loaded cores with the real model, and the router's doubling back-off can keep it unused
+# about as long again once it is back.
+DEFAULT_FAULT_AT = (0.1, 0.25, 0.4)
 # After B is ready again, UNAVAILABLE stays designed this long plus B's downtime: while B
 # was down the router marked it failed on every try, doubling its back-off (2 s, 4 s,
 # 8 s, ...: the next try after B is back is at most one downtime + 2 s later), and the
