@@ -152,10 +152,18 @@ class GenerationService:
                     raise DeadlineExceeded(
                         f"the request's deadline passed after {generated} generated tokens; "
                         "give it a longer timeout or ask for fewer tokens")
-                generated += len(out.tokens)
                 # Token by token, so each token's text is known (the demo colours it by
-                # kind) and the text does not depend on how rounds chunk the ids.
-                pieces = [text.push(detok.add([t])) if detok else "" for t in out.tokens]
+                # kind) and the text does not depend on how rounds chunk the ids. A stop
+                # string ends the ids at the token that settled it: the rest of the round
+                # is dropped, so ids, like text, do not depend on the round size (K=0
+                # would have stopped there too).
+                pieces = []
+                for t in out.tokens:
+                    pieces.append(text.push(detok.add([t])) if detok else "")
+                    if text.stopped:
+                        break
+                kept = len(pieces)
+                generated += kept
                 if out.finish_reason:
                     reason = out.finish_reason
                 if text.stopped:
@@ -168,8 +176,8 @@ class GenerationService:
                         pieces[-1], tail = pieces[-1] + tail, ""
                     reason = "stop" if text.stopped else reason
                 chunk = generate_pb2.GenerateChunk(text="".join(pieces) + tail,
-                                                   token_ids=out.tokens,
-                                                   kinds=[int(k) for k in out.kinds],
+                                                   token_ids=out.tokens[:kept],
+                                                   kinds=[int(k) for k in out.kinds[:kept]],
                                                    token_texts=pieces)
                 if done:
                     rounds.close()  # frees the sessions now; a pre-draft in flight counts

@@ -114,8 +114,22 @@ def test_stop_string_ends_the_generation_and_closes_the_loop(tok):
     assert len(chunks) == 3  # the round where "fox" completes is the last
     assert chunks[-1].finish_reason == "stop"
     assert "".join(c.text for c in chunks) == "The quick brown "
-    assert list(chunks[-1].token_ids) == script[2].tokens
-    assert chunks[-1].stats.generated_tokens == sum(len(o.tokens) for o in script[:3])
+    # The ids end at the token that completes "fox": the rest of the round is dropped,
+    # as one-token rounds (K=0) would have stopped there.
+    before = script[0].tokens + script[1].tokens
+    n = next(i for i in range(1, len(script[2].tokens) + 1)
+             if "fox" in tok.decode(before + script[2].tokens[:i]))
+    assert n < len(script[2].tokens)
+    assert list(chunks[-1].token_ids) == script[2].tokens[:n]
+    assert len(chunks[-1].kinds) == len(chunks[-1].token_texts) == n
+    assert chunks[-1].stats.generated_tokens == len(before) + n
+    # Same text, one token per round: the same ids.
+    flat = [t for o in script for t in o.tokens]
+    ones = [RoundOutput([t], [A], None if i < len(flat) - 1 else "length")
+            for i, t in enumerate(flat)]
+    svc1, _ = service(tok, ones)
+    ids1 = [t for c in svc1.stream(request(stop=["fox"])) for t in c.token_ids]
+    assert ids1 == [t for c in chunks for t in c.token_ids]
     # closed with two rounds left: its sessions are released at once
     assert loop.yielded == 3
     assert loop.closed_early == 1 and loop.exhausted == 0 and loop.ended == 1
