@@ -165,8 +165,8 @@ def test_generation_service_stream_closed_early_frees_its_sessions(fuzz_api):
 
 SURROGATES = st.characters(categories=["Cs"])
 JSON_SCALARS = st.one_of(
-    st.none(), st.booleans(), INT32, st.sampled_from([2**31, 2**63, 2**64, 10**30, 10**400,
-                                                      -10**400]),
+    st.none(), st.booleans(), INT32, st.sampled_from([2**31, 2**63, 2**64, 10**30]),
+    st.sampled_from([1, -1]).map(lambda sign: sign * 10**400),  # beyond a double
     st.floats(allow_nan=True, allow_infinity=True), TEXT,
     st.text(st.one_of(SURROGATES, st.characters()), min_size=1, max_size=4))
 JSON_VALUES = st.recursive(JSON_SCALARS, lambda inner: st.one_of(
