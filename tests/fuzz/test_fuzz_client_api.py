@@ -362,3 +362,21 @@ def test_body_beyond_the_limit_is_413(fuzz_api, http):
     r = _post(http, "/v1/completions", under)
     assert r.status_code == 200, r.text[:300]
     assert r.json()["choices"][0]["text"] == fuzz_api.ref.http_text
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("path", "body", "fragment"), [
+    ("/v1/completions", {"prompt": [1] * 1_000_000}, "context"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}] * 100_000},
+     "context"),
+    ("/v1/completions", {"prompt": "hi", "stop": ["x"] * 100_000}, "at most"),
+    ("/v1/completions", {"prompt": "hi", "logit_bias": {str(i): 1 for i in range(100_000)}},
+     "logit_bias"),
+], ids=["token-ids", "messages", "stop", "logit-bias"])
+def test_huge_repeated_fields_over_http(fuzz_api, http, path, body, fragment):
+    """Megabytes of repeated values under the body limit: each refused with a 400 that
+    says why, within seconds."""
+    body = {"model": fuzz_api.service.card.id, "max_tokens": 2, **body}
+    r = _post(http, path, json.dumps(body).encode())
+    assert r.status_code == 400, r.text[:300]
+    assert fragment in check_error_body(r)["message"]
