@@ -32,11 +32,12 @@ from fastapi import FastAPI, Request
 from fastapi.responses import RedirectResponse
 from grpc_health.v1 import health_pb2
 from ray import serve
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from coordinator.auth import APIKeys, metadata_value
 from coordinator.bridge import close_after, next_in_thread
 from coordinator.generation import add_chunk
-from coordinator.http_api import OpenAIFrontend
+from coordinator.http_api import OpenAIFrontend, route_error
 from specdec.errors import grpc_status
 from specdec.metrics import PORT_TRIES, PrometheusLoopMetrics
 from specdec.v1 import generate_pb2
@@ -88,6 +89,8 @@ def start_metrics(metrics_port: int, service) -> PrometheusLoopMetrics | None:
 
 HTTP = FastAPI(title="specdec", summary="OpenAI-compatible API of a distributed "
                "speculative decoder (see GET /v1/models and /demo)")
+# Unknown paths and wrong methods answer in OpenAI's error shape too, not FastAPI's.
+HTTP.add_exception_handler(StarletteHTTPException, route_error)
 
 
 class CoordinatorReplica:

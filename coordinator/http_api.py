@@ -64,6 +64,21 @@ async def _read_body(request: Request) -> bytes:
     return b"".join(parts)
 
 
+ROUTE_ERRORS = {404: "not_found", 405: "method_not_allowed"}
+
+
+async def route_error(request, exc) -> JSONResponse:
+    """Starlette's own answers (an unknown path, a wrong method) in OpenAI's error shape,
+    as an exception handler of the app."""
+    status = getattr(exc, "status_code", 500)
+    message = {404: f"no route {request.url.path}; the API is at /v1/chat/completions, "
+                    "/v1/completions and /v1/models",
+               405: f"{request.method} is not allowed on {request.url.path}"}.get(
+        status, str(getattr(exc, "detail", "")) or "request failed")
+    err = APIError(status, message, "invalid_request_error", None, ROUTE_ERRORS.get(status))
+    return JSONResponse(err.body(), status_code=status, headers=getattr(exc, "headers", None))
+
+
 def error_response(exc: BaseException) -> JSONResponse:
     """OpenAI's error body with its status; a failure that is not a known error (a bug)
     is logged with its traceback and answered 500 without details."""

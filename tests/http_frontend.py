@@ -17,9 +17,10 @@ def serve_frontend(service, timeout_s: float = 60.0) -> Iterator[str]:
     """Start the frontend's routes on a free port; yields the base URL."""
     import uvicorn
     from starlette.applications import Starlette
+    from starlette.exceptions import HTTPException
     from starlette.routing import Route
 
-    from coordinator.http_api import OpenAIFrontend
+    from coordinator.http_api import OpenAIFrontend, route_error
 
     frontend = OpenAIFrontend(service, ThreadPoolExecutor(12), timeout_s)
 
@@ -37,7 +38,8 @@ def serve_frontend(service, timeout_s: float = 60.0) -> Iterator[str]:
 
     app = Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"]),
                             Route("/v1/completions", completions, methods=["POST"]),
-                            Route("/v1/models", models), Route("/health", health)])
+                            Route("/v1/models", models), Route("/health", health)],
+                    exception_handlers={HTTPException: route_error})
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

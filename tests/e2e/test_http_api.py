@@ -167,6 +167,19 @@ def test_invalid_json_and_wrong_body(http):
     assert r.status_code == 400 and "JSON object" in r.json()["error"]["message"]
 
 
+def test_unknown_paths_and_methods_get_openai_errors(http):
+    for method, path, status, code in (("GET", "/v1/nothing", 404, "not_found"),
+                                       ("POST", "/v2/chat/completions", 404, "not_found"),
+                                       ("GET", "/v1/chat/completions", 405,
+                                        "method_not_allowed")):
+        r = http.request(method, path)
+        assert r.status_code == status, (method, path, r.text)
+        error = r.json()["error"]
+        assert set(error) == {"message", "type", "param", "code"}
+        assert error["code"] == code and error["type"] == "invalid_request_error"
+        assert path in error["message"]
+
+
 def test_timeout_gives_504(http, model):
     body = {"model": model, "prompt": "Once upon a time", "max_tokens": 2000,
             "temperature": 0, "num_draft_tokens": 0, "timeout": 0.3}
