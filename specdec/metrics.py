@@ -158,6 +158,14 @@ class PrometheusModelMetrics(_Exporter, ModelMetrics):
         if store is not None:
             r.register(SessionStoreCollector(prefix, store))
 
+    def track_kv_pool(self, kind: str, pool_bytes) -> None:
+        """Report `pool_bytes()` as specdec_<kind>_kv_pool_bytes: what the KV cache holds
+        of the process's memory (a paged pool grows and is kept; a soak's RSS check
+        subtracts it)."""
+        Gauge(f"specdec_{kind}_kv_pool_bytes",
+              "Bytes allocated to the KV cache's block pool (paged layouts; 0 otherwise).",
+              registry=self.registry).set_function(pool_bytes)
+
     def forward(self, seconds: float, tokens: int) -> None:
         self.forward_seconds.observe(seconds)
         self.tokens_fed.inc(tokens)

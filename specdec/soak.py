@@ -75,15 +75,23 @@ class Rss:
     def __init__(self, topo: Topology, clock):
         self.topo, self.clock = topo, clock
         self.series: dict[tuple[str, int], list[tuple[str, float, float]]] = {}
+        # A model service's KV block pool (its metrics' kv_pool_bytes) at each snapshot:
+        # memory it keeps by design (a paged pool doubles and never shrinks), which the
+        # RSS check subtracts.
+        self.pool: dict[tuple[str, int], list[tuple[float, float]]] = {}
         self._lock = threading.Lock()
 
     def snap(self, when: str) -> None:
         t = self.clock()
+        pools = {s.name: s.kv_pool_mib() for s in self.topo.services if s.alive()}
         with self._lock:
             for label, pid in self.topo.processes().items():
                 mib = rss_mib(pid)
                 if mib is not None:
                     self.series.setdefault((label, pid), []).append((when, round(t, 1), mib))
+                    if pools.get(label) is not None:
+                        self.pool.setdefault((label, pid), []).append((round(t, 1),
+                                                                       pools[label]))
 
 
 def soak(cfg: SoakConfig, say=log.info) -> dict:

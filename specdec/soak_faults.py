@@ -157,6 +157,21 @@ class ModelService:
             return None
         return int(live_sessions(self.metrics_port, self.spec.role))
 
+    def kv_pool_mib(self) -> float | None:
+        """Its KV block pool in MiB (metrics' kv_pool_bytes); None if it cannot say."""
+        import urllib.request
+
+        name = f"specdec_{self.spec.role}_kv_pool_bytes"
+        try:
+            text = urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics",
+                                          timeout=5).read().decode()
+        except OSError:
+            return None
+        for line in text.splitlines():
+            if line.startswith(name + " "):
+                return round(float(line.split()[1]) / 2**20, 1)
+        return None
+
     def stop(self) -> None:
         if self.alive():
             self.proc.stop()

@@ -121,6 +121,11 @@ class PagedOpenVINOBackend(OpenVINOBackend):
             self._tensors[name] = tensor
             self._request.set_tensor(name, tensor)
 
+    @property
+    def kv_pool_bytes(self) -> int:
+        """Bytes held by the KV block pool (it grows by doubling and never shrinks)."""
+        return sum(t.byte_size for t in self._tensors.values())
+
     def _grow(self, old: int, new: int) -> None:
         log.info("KV block pool: %d -> %d blocks of %d positions", old, new,
                  self.pool.block_size)
