@@ -33,6 +33,7 @@ from grpc_reflection.v1alpha import reflection
 
 from coordinator.auth import metadata_value
 from coordinator.generation import add_chunk
+from specdec.grpc_server import Malformed, lenient, malformed_message
 from specdec.tls import ServerTLS
 from specdec.tls_proxy import TLSTerminator
 from specdec.v1 import generate_pb2, generate_pb2_grpc
@@ -51,6 +52,9 @@ class GeneratorFront(generate_pb2_grpc.GeneratorServicer):
     async def GenerateStream(self, request, context):  # noqa: N802 - RPC name
         from coordinator.app import FrontError
 
+        if isinstance(request, Malformed):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                malformed_message("GenerateStream", request))
         authorization = metadata_value(context.invocation_metadata())
         responses = self._stream.remote(request, authorization)
         try:
@@ -62,6 +66,9 @@ class GeneratorFront(generate_pb2_grpc.GeneratorServicer):
             responses.cancel()  # no-op once it finished; else the replica closes it
 
     async def Generate(self, request, context):  # noqa: N802
+        if isinstance(request, Malformed):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                malformed_message("Generate", request))
         response = generate_pb2.GenerateResponse()
         async for chunk in self.GenerateStream(request, context):
             add_chunk(response, chunk)
@@ -86,6 +93,23 @@ class HealthFront(health_pb2_grpc.HealthServicer):
         yield await self.Check(request, context)
         while True:  # the status is fixed while the process lives
             await asyncio.sleep(3600)
+
+
+def add_generator(front: GeneratorFront, server) -> None:
+    """specdec.v1.Generator on `server`, with requests that do not parse handed to the
+    methods as specdec.grpc_server.Malformed (INVALID_ARGUMENT) rather than failing in
+    gRPC's deserializer (INTERNAL)."""
+    parse = lenient(generate_pb2.GenerateRequest.FromString)
+    handlers = {
+        "Generate": grpc.unary_unary_rpc_method_handler(
+            front.Generate, request_deserializer=parse,
+            response_serializer=generate_pb2.GenerateResponse.SerializeToString),
+        "GenerateStream": grpc.unary_stream_rpc_method_handler(
+            front.GenerateStream, request_deserializer=parse,
+            response_serializer=generate_pb2.GenerateChunk.SerializeToString),
+    }
+    name = generate_pb2.DESCRIPTOR.services_by_name["Generator"].full_name
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(name, handlers),))
 
 
 def free_loopback_port() -> int:
@@ -115,7 +139,7 @@ class TLSFront:
 
     async def _start(self, handle) -> None:
         server = grpc.aio.server()
-        generate_pb2_grpc.add_GeneratorServicer_to_server(GeneratorFront(handle), server)
+        add_generator(GeneratorFront(handle), server)
         health_pb2_grpc.add_HealthServicer_to_server(HealthFront(handle), server)
         names = [generate_pb2.DESCRIPTOR.services_by_name["Generator"].full_name,
                  health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,

@@ -56,22 +56,22 @@ class ErrorMappingInterceptor(grpc.ServerInterceptor):
         method = handler_call_details.method
         if handler.unary_unary is not None:
             return handler._replace(unary_unary=_guard_unary(handler.unary_unary, method),
-                                    request_deserializer=_lenient(handler.request_deserializer))
+                                    request_deserializer=lenient(handler.request_deserializer))
         if handler.unary_stream is not None:
             return handler._replace(unary_stream=_guard_stream(handler.unary_stream, method),
-                                    request_deserializer=_lenient(handler.request_deserializer))
+                                    request_deserializer=lenient(handler.request_deserializer))
         return handler
 
 
 @dataclass(frozen=True)
-class _Malformed:
+class Malformed:
     """What a request that failed to parse becomes; the guarded method answers it with
     INVALID_ARGUMENT instead of running."""
 
     reason: str
 
 
-def _lenient(deserialize):
+def lenient(deserialize):
     if deserialize is None:
         return None
 
@@ -79,17 +79,20 @@ def _lenient(deserialize):
         try:
             return deserialize(data)
         except Exception as exc:  # noqa: BLE001 - protobuf's DecodeError and the like
-            return _Malformed(f"{type(exc).__name__}: {exc}")
+            return Malformed(f"{type(exc).__name__}: {exc}")
 
     return parse
 
 
+def malformed_message(method: str, request: Malformed) -> str:
+    """The INVALID_ARGUMENT message for a request that did not parse."""
+    return (f"{method}: the request is not a valid protobuf message of its type (e.g. "
+            f"truncated, or a string field that is not UTF-8): {request.reason}")
+
+
 def _refuse_malformed(request, context, method: str) -> None:
-    if isinstance(request, _Malformed):
-        context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                      f"{method}: the request is not a valid protobuf message of its type "
-                      f"(e.g. truncated, or a string field that is not UTF-8): "
-                      f"{request.reason}")
+    if isinstance(request, Malformed):
+        context.abort(grpc.StatusCode.INVALID_ARGUMENT, malformed_message(method, request))
 
 
 def _abort(exc: Exception, context: grpc.ServicerContext, method: str):

@@ -205,3 +205,20 @@ def test_specdec_generate_over_tls(secure, capsys):
     assert '"tokenIds"' in capsys.readouterr().out
     assert main(args) == 1  # no client certificate: refused, and said so
     assert "UNAVAILABLE" in capsys.readouterr().err
+
+
+def test_bytes_that_do_not_parse_are_invalid_argument_through_the_front(secure):
+    crt, key = secure["good"]["client"]
+    creds = grpc.ssl_channel_credentials(open(secure["ca"], "rb").read(),
+                                         open(key, "rb").read(), open(crt, "rb").read())
+    with grpc.secure_channel(secure["address"], creds, options=OPTIONS) as channel:
+        for method, call in (("Generate", channel.unary_unary),
+                             ("GenerateStream", channel.unary_stream)):
+            rpc = call(f"/specdec.v1.Generator/{method}")  # raw bytes in and out
+            with pytest.raises(grpc.RpcError) as err:
+                result = rpc(b"\x0a\xff\xff\xff", timeout=10, metadata=AUTH)
+                list(result) if method == "GenerateStream" else result
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, method
+            assert "not a valid protobuf message" in err.value.details()
+    with _client(secure) as client:  # and the front still serves
+        assert len(client.generate("Hi", max_new_tokens=3).token_ids) == 3
