@@ -98,3 +98,34 @@ def test_sparse_forms_equal_the_dense_ones(formulation):
 def test_validation_names_the_parameter(field, value, words):
     with pytest.raises(InvalidArgument, match=words.replace("(", r"\(").replace("]", r"\]")):
         ContrastiveParams(**{field: value}).validate()
+
+
+def test_reference_decoder_on_the_tiny_models():
+    """The in-process reference on tiny-random (expert) and tiny-random-draft (amateur):
+    every step is the formula's argmax over the two models' logits, and it differs from
+    the expert's own greedy output (the contrast does something)."""
+    from specdec.contrastive_reference import decode, last_logits
+    from specdec.runtime.models import build_tiny
+
+    expert, amateur = build_tiny("tiny-random").model, build_tiny("tiny-random-draft").model
+    prompt = [5, 17, 42, 99]
+    params = ContrastiveParams(alpha=0.1, beta=0.5)
+    out = decode(expert, amateur, prompt, 12, params)
+    ids = list(prompt)
+    for token in out:
+        e, a = last_logits(expert, ids), last_logits(amateur, ids)
+        assert token == int(scores(e, a, params).argmax())
+        assert plausible_mask(e, 0.1)[token]
+        ids.append(token)
+    plain = decode(expert, amateur, prompt, 12, ContrastiveParams(alpha=1.0, beta=0.0))
+    assert plain == [int(t) for t in _expert_greedy(expert, prompt, 12)]
+    assert out != plain
+
+
+def _expert_greedy(model, prompt, n):
+    from specdec.contrastive_reference import last_logits
+
+    ids = list(prompt)
+    for _ in range(n):
+        ids.append(int(last_logits(model, ids).argmax()))
+    return ids[len(prompt):]
