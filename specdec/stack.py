@@ -55,20 +55,31 @@ class Stack:
         return f"{scheme}://{host}:{self.http_port}" if self.http_port > 0 else None
 
 
-def tls_flags(paths: dict) -> tuple[dict[str, tuple[str, ...]], list[str]]:
-    """The services' flags ({"draft": ..., "target": ...}) and the coordinator's, for mutual
-    TLS inside and TLS on the client API, from make_dev_certs' paths."""
+def coordinator_client_tls(paths: dict) -> dict[str, str]:
+    """CoordinatorConfig's fields for mutual TLS to the draft and target, from
+    make_dev_certs' paths."""
+    crt, key = paths["coordinator-client"]
+    return {"tls_ca": str(paths["ca"][0]), "tls_cert": str(crt), "tls_key": str(key)}
+
+
+def with_service_tls(pair: pairs.Pair, paths: dict) -> pairs.Pair:
+    """`pair` with each service serving mutual TLS from make_dev_certs' paths."""
     ca = str(paths["ca"][0])
 
-    def server(role: str) -> tuple[str, ...]:
-        crt, key = paths[role]
-        return ("--tls-cert", str(crt), "--tls-key", str(key), "--tls-client-ca", ca)
+    def served(spec):
+        crt, key = paths[spec.role]
+        return spec.with_(extra=spec.extra + ("--tls-cert", str(crt), "--tls-key", str(key),
+                                              "--tls-client-ca", ca))
 
-    client_crt, client_key = paths["coordinator-client"]
+    return replace(pair, target=served(pair.target), draft=served(pair.draft))
+
+
+def coordinator_tls_flags(paths: dict) -> list[str]:
+    """The coordinator's flags for mutual TLS inside and TLS on its client API."""
     api_crt, api_key = paths["coordinator"]
-    return ({"draft": server("draft"), "target": server("target")},
-            ["--tls-ca", ca, "--tls-cert", str(client_crt), "--tls-key", str(client_key),
-             "--api-tls-cert", str(api_crt), "--api-tls-key", str(api_key)])
+    inside = [x for name, value in coordinator_client_tls(paths).items()
+              for x in (f"--{name.replace('_', '-')}", value)]
+    return inside + ["--api-tls-cert", str(api_crt), "--api-tls-key", str(api_key)]
 
 
 def start(cfg: StackConfig, stack: ExitStack, echo: bool = False) -> Stack:
@@ -80,10 +91,7 @@ def start(cfg: StackConfig, stack: ExitStack, echo: bool = False) -> Stack:
 
         paths = certs.make_dev_certs(Path(cfg.tls_dir), days=30,
                                      say=lambda m: log.debug("certs: %s", m))
-        service_tls, coord_tls = tls_flags(paths)
-        pair = replace(pair, target=pair.target.with_(
-                           extra=pair.target.extra + service_tls["target"]),
-                       draft=pair.draft.with_(extra=pair.draft.extra + service_tls["draft"]))
+        pair, coord_tls = with_service_tls(pair, paths), coordinator_tls_flags(paths)
         client = client_tls(str(paths["ca"][0]), *map(str, paths["client"]))
         log.info("TLS on every hop, certificates in %s", cfg.tls_dir)
     running = pairs.start(pair, stack, pin=cfg.pin, target_port=cfg.target_port,

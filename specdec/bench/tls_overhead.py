@@ -98,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
     from specdec.bench.system import SystemScenario
     from specdec.prepare import prepare_smollm2
     from specdec.runtime.openvino_export import export
-    from specdec.stack import tls_flags
+    from specdec.stack import coordinator_client_tls, with_service_tls
 
     def say(message: str) -> None:
         print(message, file=sys.stderr, flush=True)
@@ -113,17 +113,11 @@ def run(args: argparse.Namespace) -> int:
     with ExitStack() as stack:
         pki_dir = stack.enter_context(tempfile.TemporaryDirectory(prefix="specdec-bench-tls-"))
         paths = certs.make_dev_certs(Path(pki_dir), days=1)
-        service_tls, coord_tls = tls_flags(paths)
-        plain_pair = pairs.DEFAULT_PAIR
-        tls_pair = pairs.Pair(
-            "mTLS", plain_pair.target.with_(extra=plain_pair.target.extra
-                                            + service_tls["target"]),
-            plain_pair.draft.with_(extra=plain_pair.draft.extra + service_tls["draft"]))
         say("== starting a plaintext pair and an mTLS pair (pinned alike)")
-        running = {PLAIN: pairs.start(plain_pair, stack, pin=args.pin),
-                   MTLS: pairs.start(tls_pair, stack, pin=args.pin)}
-        client = dict(tls_ca=str(paths["ca"][0]), tls_cert=str(paths["coordinator-client"][0]),
-                      tls_key=str(paths["coordinator-client"][1]))
+        running = {PLAIN: pairs.start(pairs.DEFAULT_PAIR, stack, pin=args.pin),
+                   MTLS: pairs.start(with_service_tls(pairs.DEFAULT_PAIR, paths), stack,
+                                     pin=args.pin)}
+        client = coordinator_client_tls(paths)
         scenarios, names = [], {}
         for transport, pair_run in running.items():
             service = build_service(CoordinatorConfig(
