@@ -49,14 +49,11 @@ def start_ray(cfg: CoordinatorConfig) -> None:
 
 
 def api_tls(cfg: CoordinatorConfig):
-    """The client API's ServerTLS, or None for plaintext (ValueError: unusable files)."""
+    """The client API's ServerTLS, or None for plaintext (ValueError: an incomplete set of
+    flags or unusable files)."""
     from specdec.tls import server_tls
 
-    if not (cfg.api_tls_cert or cfg.api_tls_key or cfg.api_tls_client_ca):
-        return None
-    if not (cfg.api_tls_cert and cfg.api_tls_key):
-        raise ValueError("TLS on the client API needs both --api-tls-cert and --api-tls-key")
-    return server_tls(cfg.api_tls_cert, cfg.api_tls_key, cfg.api_tls_client_ca)
+    return server_tls(cfg.api_tls_cert, cfg.api_tls_key, cfg.api_tls_client_ca, "--api-tls")
 
 
 def deploy(cfg: CoordinatorConfig, tls=None):

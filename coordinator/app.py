@@ -68,10 +68,17 @@ def _authorization(grpc_context) -> str | None:
     return metadata_value(metadata)
 
 
-def _set_error(grpc_context, exc: BaseException) -> None:
+def _status(exc: BaseException) -> tuple[grpc.StatusCode, str]:
+    """The status of a failed generation; an INTERNAL one (a bug) is logged with its
+    traceback."""
     code, message, _ = grpc_status(exc)
     if code == grpc.StatusCode.INTERNAL:
         log.exception("generation failed", exc_info=exc)
+    return code, message
+
+
+def _set_error(grpc_context, exc: BaseException) -> None:
+    code, message = _status(exc)
     grpc_context.set_code(code)
     grpc_context.set_details(message)
 
@@ -204,9 +211,7 @@ class CoordinatorReplica:
                 async for chunk in chunks:
                     yield chunk
         except Exception as exc:  # noqa: BLE001 - every failure gets a status code
-            code, message, _ = grpc_status(exc)
-            if code == grpc.StatusCode.INTERNAL:
-                log.exception("generation failed", exc_info=exc)
+            code, message = _status(exc)
             yield FrontError(code.name, message)
 
     async def Check(self, request, grpc_context=None):  # noqa: N802

@@ -131,7 +131,7 @@ class PrometheusModelMetrics(_Exporter, ModelMetrics):
     def __init__(self, kind: str, store: SessionStore | None = None):
         """kind: "draft" or "target"; store: whose session counts to report."""
         _Exporter.__init__(self)
-        prefix = f"specdec_{kind}_"
+        self.prefix = prefix = f"specdec_{kind}_"
         r = self.registry
         self.forward_seconds = Histogram(
             prefix + "forward_duration_seconds",
@@ -158,11 +158,11 @@ class PrometheusModelMetrics(_Exporter, ModelMetrics):
         if store is not None:
             r.register(SessionStoreCollector(prefix, store))
 
-    def track_kv_pool(self, kind: str, pool_bytes) -> None:
+    def track_kv_pool(self, pool_bytes) -> None:
         """Report `pool_bytes()` as specdec_<kind>_kv_pool_bytes: what the KV cache holds
         of the process's memory (a paged pool grows and is kept; a soak's RSS check
         subtracts it)."""
-        Gauge(f"specdec_{kind}_kv_pool_bytes",
+        Gauge(self.prefix + "kv_pool_bytes",
               "Bytes allocated to the KV cache's block pool (paged layouts; 0 otherwise).",
               registry=self.registry).set_function(pool_bytes)
 

@@ -208,7 +208,7 @@ def start_metrics(kind: str, cfg: ModelServiceConfig, model: CachedModel) -> Non
     from specdec.metrics import PrometheusModelMetrics
 
     metrics = PrometheusModelMetrics(kind, model.store)
-    metrics.track_kv_pool(kind, lambda: getattr(model.backend, "kv_pool_bytes", 0))
+    metrics.track_kv_pool(lambda: getattr(model.backend, "kv_pool_bytes", 0))
     metrics.serve(cfg.metrics_port, cfg.host)
     model.metrics = metrics
 

@@ -227,14 +227,17 @@ class ServerTLSFields:
     tls_client_ca: str = ""
 
 
-def server_tls(cert: str = "", key: str = "", client_ca: str = "") -> ServerTLS | None:
+def server_tls(cert: str = "", key: str = "", client_ca: str = "",
+               flag: str = "--tls") -> ServerTLS | None:
     """ServerTLS from the three flags' values; None (plaintext) when none is given;
-    ValueError for an incomplete set or an unusable file."""
+    ValueError for an incomplete set or an unusable file. `flag`: the flags' common
+    prefix, for the message (`--tls` on the model services, `--api-tls` on the
+    coordinator's client API)."""
     if not (cert or key or client_ca):
         return None
     if not (cert and key):
-        raise ValueError("TLS needs both --tls-cert and --tls-key"
-                         + (" (--tls-client-ca alone is not enough)" if client_ca else ""))
+        raise ValueError(f"TLS needs both {flag}-cert and {flag}-key"
+                         + (f" ({flag}-client-ca alone is not enough)" if client_ca else ""))
     return ServerTLS(cert, key, client_ca)
 
 
