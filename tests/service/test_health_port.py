@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import signal
-import socket
 import time
 
 import grpc
@@ -14,17 +13,13 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from specdec import certs
 from specdec.v1 import draft_pb2, draft_pb2_grpc
 from tests.procs import start_service
+from tests.service._metrics_helpers import free_port
 
 pytestmark = pytest.mark.slow
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _check(address: str, service: str = "") -> int:
@@ -35,7 +30,7 @@ def _check(address: str, service: str = "") -> int:
 
 def test_health_port_answers_in_plaintext_and_serves_nothing_else(tmp_path):
     pki = certs.make_dev_certs(tmp_path, ["127.0.0.1"], days=2, roles=("draft",))
-    health_port = _free_port()
+    health_port = free_port()
     proc = start_service("draft_service", "--model", "tiny-random-draft",
                          "--tls-cert", str(pki["draft"][0]), "--tls-key", str(pki["draft"][1]),
                          "--tls-client-ca", str(pki["ca"][0]),

@@ -3,20 +3,15 @@ the soak's RSS check subtracts), a torch service 0."""
 
 from __future__ import annotations
 
-import socket
 import urllib.request
 
 import pytest
 
 from tests.procs import start_service
+from tests.service._metrics_helpers import free_port
 
 pytestmark = pytest.mark.slow
 
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _gauge(port: int, name: str) -> float:
@@ -29,7 +24,7 @@ def _gauge(port: int, name: str) -> float:
 
 @pytest.mark.parametrize("backend, positive", [("openvino", True), ("torch", False)])
 def test_kv_pool_bytes(backend, positive):
-    port = _port()
+    port = free_port()
     proc = start_service("target_service", "--model", "tiny-random", "--backend", backend,
                          "--metrics-port", str(port), timeout=120)
     try:
