@@ -51,13 +51,19 @@ def _name(k: int, label: str) -> str:
 
 class SystemScenario:
     """A chat message through the real services and the GenerationService in this
-    process (Ray Serve's proxy is left out: it adds the same cost to every scenario)."""
+    process (Ray Serve's proxy is left out: it adds the same cost to every scenario).
+    A subclass may build another request (`request`); `last_stats` is the
+    GenerationStats of the latest run."""
 
     def __init__(self, service, k: int, label: str = ""):
         self.service, self.k, self.name = service, k, _name(k, label)
+        self.last_stats = None
+
+    def request(self, message: str, max_new_tokens: int, sampling: SamplingParams):
+        return _request(message, max_new_tokens, self.k, sampling)
 
     def run(self, message: str, max_new_tokens: int, sampling: SamplingParams) -> Sample:
-        req = _request(message, max_new_tokens, self.k, sampling)
+        req = self.request(message, max_new_tokens, sampling)
         log = _WireLog(self.service)
         t0 = time.perf_counter()
         ttft = None
@@ -71,6 +77,7 @@ class SystemScenario:
             if chunk.finish_reason:
                 stats = chunk.stats
         seconds = time.perf_counter() - t0
+        self.last_stats = stats
         sample = Sample(self.name, message, len(ids), seconds, ttft, ids, kinds,
                         stats.rounds if stats else 0, text="".join(text))
         if stats is not None:
