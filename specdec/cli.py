@@ -75,6 +75,9 @@ def parser() -> argparse.ArgumentParser:
     from specdec.soak import add_parser as add_soak
 
     add_soak(sub)
+    from specdec.bench.eval_cli import add_parser as add_eval
+
+    add_eval(sub)
     return p
 
 
