@@ -13,8 +13,10 @@ from collections import deque
 from dataclasses import dataclass, field
 
 import grpc
+import torch
 
 from specdec import wire
+from specdec.contrastive import ContrastiveParams, Head
 from specdec.sampling import SamplingParams
 from specdec.sync import SyncRequest
 from specdec.v1 import common_pb2, draft_pb2, draft_pb2_grpc, target_pb2, target_pb2_grpc
@@ -52,6 +54,17 @@ class Proposal:
             return 1.0
         d = self.dists[i]
         return d.probs[list(d.token_ids).index(self.tokens[i])]
+
+
+@dataclass(frozen=True)
+class Heads:
+    """A contrastive Verify's answer: V_head with the expert's values at each position,
+    and the target pass that served it."""
+
+    heads: list[Head]
+    pass_sessions: int = 0
+    pass_tokens: int = 0
+    pass_seconds: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -135,13 +148,15 @@ class DraftClient(_ModelServiceClient):
 
     def propose(self, sync: SyncRequest, num_tokens: int, sampling: SamplingParams,
                 top_n: int = 0, meter: WireBytes | None = None,
-                exit_below: float = 0.0, cancel: Cancel | None = None) -> Proposal:
+                exit_below: float = 0.0, cancel: Cancel | None = None,
+                keep_logits: bool = False) -> Proposal:
         """Raises grpc.RpcError, or grpc.FutureCancelledError once `cancel` was called (the
         draft then stops at its next token; its cache keeps what it had fed)."""
         req = draft_pb2.ProposeRequest(
             session_id=sync.session_id, keep_len=sync.keep_len, keep_digest=sync.keep_digest,
             new_tokens=sync.new_tokens, num_tokens=num_tokens,
             sampling=wire.sampling_to_proto(sampling), top_n=top_n, exit_below=exit_below,
+            keep_logits=keep_logits,
         )
         started = time.perf_counter()
         self._network()
@@ -160,19 +175,41 @@ class DraftClient(_ModelServiceClient):
         return Proposal(list(resp.tokens), list(resp.dists), resp.cached_len, num_tokens,
                         resp.step_seconds)
 
+    def score(self, sync: SyncRequest, heads: list[Head], params: ContrastiveParams,
+              meter: WireBytes | None = None) -> tuple[list[torch.Tensor], int]:
+        """The amateur's values on each head's ids, and the draft's cached length."""
+        req = draft_pb2.ScoreRequest(
+            session_id=sync.session_id, keep_len=sync.keep_len, keep_digest=sync.keep_digest,
+            new_tokens=sync.new_tokens, contrastive=wire.contrastive_to_proto(params),
+            heads=[common_pb2.HeadValues(token_ids=h.token_ids.tolist()) for h in heads])
+        started = time.perf_counter()
+        self._network()
+        resp = self.stub.Score(req, timeout=self.deadline_s)
+        self._network()
+        self.bytes.add(req, resp, started)
+        if meter is not None:
+            meter.add(req, resp, started)
+        values = [torch.tensor(list(v.values), dtype=torch.float32) for v in resp.values]
+        return values, resp.cached_len
+
 
 class TargetClient(_ModelServiceClient):
     stub_class = target_pb2_grpc.TargetServiceStub
 
     def verify(self, sync: SyncRequest, drafts: list[int],
                draft_dists: list[common_pb2.SparseDist], sampling: SamplingParams,
-               round_seed: int, meter: WireBytes | None = None) -> tuple[TargetRound, int]:
+               round_seed: int, meter: WireBytes | None = None,
+               contrastive: ContrastiveParams | None = None,
+               ) -> tuple[TargetRound | Heads, int]:
+        """A round (p_i(x_i), recovered, bonus), or with `contrastive` V_head per position."""
         req = target_pb2.VerifyRequest(
             session_id=sync.session_id, keep_len=sync.keep_len, keep_digest=sync.keep_digest,
             new_tokens=sync.new_tokens + drafts, num_draft=len(drafts),
             draft_dists=draft_dists, sampling=wire.sampling_to_proto(sampling),
             round_seed=round_seed,
         )
+        if contrastive is not None:
+            req.contrastive.CopyFrom(wire.contrastive_to_proto(contrastive))
         started = time.perf_counter()
         self._network()
         resp = self.stub.Verify(req, timeout=self.deadline_s)
@@ -180,6 +217,12 @@ class TargetClient(_ModelServiceClient):
         self.bytes.add(req, resp, started)
         if meter is not None:
             meter.add(req, resp, started)
+        if contrastive is not None:
+            heads = [Head(torch.tensor(list(h.token_ids), dtype=torch.long),
+                          torch.tensor(list(h.values), dtype=torch.float32))
+                     for h in resp.heads]
+            return Heads(heads, resp.pass_sessions, resp.pass_tokens,
+                         resp.pass_seconds), resp.cached_len
         result = TargetRound(list(resp.target_probs), list(resp.recovered_tokens),
                              resp.bonus_token, resp.pass_sessions, resp.pass_tokens,
                              resp.pass_seconds)

@@ -17,7 +17,14 @@ from dataclasses import dataclass
 from coordinator.loop import LoopStats, SpeculativeLoop
 from coordinator.text import IncrementalDetokenizer, TextStream
 from specdec import wire
-from specdec.errors import DeadlineExceeded, InvalidArgument, ResourceExhausted, require
+from specdec.contrastive import ContrastiveParams
+from specdec.errors import (
+    DeadlineExceeded,
+    FailedPrecondition,
+    InvalidArgument,
+    ResourceExhausted,
+    require,
+)
 from specdec.sampling import SamplingParams
 from specdec.v1 import generate_pb2
 
@@ -55,6 +62,7 @@ class Plan:
     k: int
     stop: list[str]
     k_from_server: bool = False  # the request left K to the server (load-aware K may move it)
+    contrastive: ContrastiveParams | None = None  # contrastive decoding (None: speculative)
 
 
 class GenerationService:
@@ -90,6 +98,7 @@ class GenerationService:
                 f"stop holds {len(req.stop)} strings; at most {MAX_STOP_STRINGS} are allowed")
         require(all(len(s) <= MAX_STOP_CHARS for s in req.stop),
                 f"stop strings must be at most {MAX_STOP_CHARS} characters")
+        contrastive = self._contrastive(req, sampling)
         ids = self._prompt_ids(req)
         require(len(ids) >= 1, "the prompt encodes to no tokens")
         room = lim.max_context - len(ids)
@@ -98,7 +107,28 @@ class GenerationService:
                 f"prompt is {len(ids)} tokens; the model's context is {lim.max_context} "
                 "and leaves no room to generate: shorten the prompt")
         return Plan(ids, min(req.max_new_tokens, room), sampling, k, list(req.stop),
-                    k_from_server=not req.HasField("num_draft_tokens"))
+                    k_from_server=not req.HasField("num_draft_tokens"),
+                    contrastive=contrastive)
+
+    def _contrastive(self, req, sampling: SamplingParams) -> ContrastiveParams | None:
+        """The contrastive parameters of a CONTRASTIVE request (None for SPECULATIVE)."""
+        if req.decoding not in (generate_pb2.DECODING_SPECULATIVE,
+                                generate_pb2.DECODING_CONTRASTIVE):
+            raise InvalidArgument(f"decoding must be SPECULATIVE (0) or CONTRASTIVE (1), "
+                                  f"got {req.decoding}")
+        if req.decoding != generate_pb2.DECODING_CONTRASTIVE:
+            require(not req.HasField("contrastive"),
+                    "contrastive parameters were given, but decoding is SPECULATIVE; set "
+                    "decoding = CONTRASTIVE")
+            return None
+        params = wire.contrastive_from_proto(req.contrastive)
+        require(sampling.top_k == 0 and sampling.top_p in (0.0, 1.0),
+                "top_k and top_p must be off with contrastive decoding: its plausible set "
+                "(alpha) is its truncation")
+        if self.loop.draft is None or self.limits.max_draft_tokens == 0:
+            raise FailedPrecondition("contrastive decoding needs a draft service (the "
+                                     "amateur); this coordinator runs without one")
+        return params
 
     def _prompt_ids(self, req) -> list[int]:
         if req.prompt_token_ids:
@@ -143,7 +173,8 @@ class GenerationService:
                  if self.tokenizer is not None else None)
         text = TextStream(plan.stop)
         rounds = self.loop.rounds(plan.prompt_ids, plan.max_new_tokens, plan.sampling, plan.k,
-                                  self.eos_token_ids, stats, load_aware=plan.k_from_server)
+                                  self.eos_token_ids, stats, load_aware=plan.k_from_server,
+                                  contrastive=plan.contrastive)
         generated = 0
         reason = "length"
         try:
@@ -203,6 +234,7 @@ class GenerationService:
             seconds=s.seconds if math.isfinite(s.seconds) else 0.0,
             pipelined_rounds=s.pipelined_rounds, predrafts_wasted=s.predrafts_wasted,
             k_per_round=s.k_per_round, confidence_exits=s.confidence_exits,
+            mean_head_size=s.mean_head_size,
         )
 
 

@@ -25,10 +25,11 @@ from typing import TypeVar
 
 import grpc
 
-from coordinator.clients import Proposal, WireBytes, cached_len_of
+from coordinator.clients import Heads, Proposal, WireBytes, cached_len_of
 from coordinator.record import Recorder
 from coordinator.routing import Pins, Router, backoff_s
 from coordinator.session import CacheView
+from specdec.contrastive import ContrastiveParams
 from specdec.digest import TokenPrefix
 from specdec.errors import InvalidArgument, ResourceExhausted, Unavailable
 from specdec.sampling import SamplingParams
@@ -63,15 +64,16 @@ class Link:
         self.replica, self.view = replica, CacheView()
         return True
 
-    def plan(self, committed: TokenPrefix) -> SyncRequest:
-        keep_len, keep_digest, new_tokens = self.view.plan(committed)
+    def plan(self, committed: TokenPrefix, min_new: int = 1) -> SyncRequest:
+        keep_len, keep_digest, new_tokens = self.view.plan(committed, min_new)
         return SyncRequest(self.session_id, keep_len, keep_digest, new_tokens)
 
-    def call(self, committed: TokenPrefix, rpc: Callable[[object, SyncRequest], T]) -> T:
+    def call(self, committed: TokenPrefix, rpc: Callable[[object, SyncRequest], T],
+             min_new: int = 1) -> T:
         """rpc(client, sync) with the planned sync, resynced as the module says."""
         resynced = partial = False
         while True:
-            sync = self.plan(committed)
+            sync = self.plan(committed, min_new)
             started = time.perf_counter()
             try:
                 return rpc(self.replica.client, sync)
@@ -121,13 +123,13 @@ class DraftLink(Link):
         self.retry_at = time.monotonic() + backoff_s(self.backoff_base_s, self.failures, 5)
 
     def propose(self, committed: TokenPrefix, k: int, sampling: SamplingParams, top_n: int,
-                exit_below: float) -> Proposal | None:
+                exit_below: float, keep_logits: bool = False) -> Proposal | None:
         """k tokens from the draft on top of the committed ids; None while it is failing."""
         if not self.ready():
             return None
         try:
             proposal = self.call(committed, lambda client, sync: client.propose(
-                sync, k, sampling, top_n, self.meter, exit_below))
+                sync, k, sampling, top_n, self.meter, exit_below, keep_logits=keep_logits))
         except grpc.RpcError as e:
             self.failed(e)
             return None
@@ -136,11 +138,31 @@ class DraftLink(Link):
         return proposal
 
 
+    def score(self, seq: TokenPrefix, heads: list, params: ContrastiveParams,
+              min_new: int = 0) -> list:
+        """The amateur's values on each head's ids, for the last len(heads) positions of
+        `seq` (no heads: feed what the draft lacks and keep its logits). Contrastive
+        decoding cannot go on without the amateur, so a failure is UNAVAILABLE."""
+        if not self.ready():
+            raise Unavailable("contrastive decoding needs the draft service (the amateur), "
+                              "and no draft replica is reachable; retry later")
+        try:
+            values, cached_len = self.call(seq, lambda client, sync: client.score(
+                sync, heads, params, self.meter), min_new=min_new)
+        except grpc.RpcError as e:
+            self.failed(e)
+            raise Unavailable(f"the draft service (the amateur of contrastive decoding) "
+                              f"failed: {e.code().name}: {e.details()}") from e
+        self.view.served(seq.tokens, cached_len)
+        return values
+
+
 class TargetLink(Link):
     rpc_name = "verify"
 
     def verify(self, committed: TokenPrefix, drafts: list[int], dists: list,
-               sampling: SamplingParams, round_seed: int) -> TargetRound:
+               sampling: SamplingParams, round_seed: int,
+               contrastive: ContrastiveParams | None = None) -> TargetRound | Heads:
         """Verify on the pinned target; on failure re-pin and repeat (same round seed)."""
         if not self.router.is_live(self.replica):
             # Its pod is going away (e.g. a rollout): move now, while it still answers.
@@ -153,7 +175,7 @@ class TargetLink(Link):
         while True:
             try:
                 result, cached_len = self.call(committed, lambda client, sync: client.verify(
-                    sync, drafts, dists, sampling, round_seed, self.meter))
+                    sync, drafts, dists, sampling, round_seed, self.meter, contrastive))
                 self.router.mark_ok(self.replica)
                 self.view.served(committed.tokens + drafts, cached_len)
                 return result

@@ -26,14 +26,16 @@ import torch
 
 from coordinator.adaptive import AdaptiveK, ConfidenceExit
 from coordinator.clients import DraftClient, Proposal, TargetClient, WireBytes
+from coordinator.contrastive_round import contrastive_round
 from coordinator.link import DraftLink, TargetLink
 from coordinator.load import LoadAwareK
 from coordinator.policy import DEFAULT_POLICY, LoopPolicy
 from coordinator.predraft import PreDrafts
 from coordinator.record import LoopStats, Recorder, RoundResult
 from coordinator.routing import Pins, Router
+from specdec.contrastive import ContrastiveParams
 from specdec.digest import TokenPrefix
-from specdec.errors import Unavailable
+from specdec.errors import FailedPrecondition, Unavailable
 from specdec.metrics import LoopMetrics
 from specdec.sampling import SamplingParams, derive_seed, generator
 from specdec.verify import Decision, TokenKind, decide
@@ -74,6 +76,11 @@ class SpeculativeLoop:
         self.executor = ThreadPoolExecutor(max_workers=max(1, max_concurrency),
                                            thread_name_prefix="predraft") \
             if policy.pipeline else None
+        # Contrastive rounds run the draft's forward beside the target's (one at a time
+        # per generation, as pre-drafts do).
+        self.amateur_pool = ThreadPoolExecutor(max_workers=max(1, max_concurrency),
+                                               thread_name_prefix="amateur") \
+            if draft is not None else None
 
     @property
     def k_max(self) -> int:
@@ -83,18 +90,23 @@ class SpeculativeLoop:
     def rounds(self, prompt_ids: Sequence[int], max_new_tokens: int, sampling: SamplingParams,
                num_draft_tokens: int, eos_token_ids: Sequence[int] = (),
                stats: LoopStats | None = None, load_aware: bool = False,
+               contrastive: ContrastiveParams | None = None,
                ) -> Iterator[RoundOutput]:
         """Run a generation round by round. Closing the iterator early (a stop string,
         a cancelled client) releases both sessions at once. `load_aware`: K was left to
-        the server, so the load-aware controller (if on) chooses it each round."""
+        the server, so the load-aware controller (if on) chooses it each round.
+        `contrastive`: contrastive decoding (coordinator.contrastive_round) with a fixed
+        K (0 = the plain form); it needs the draft."""
         k_max = self.k_max
+        speculative = contrastive is None and num_draft_tokens > 0 and self.draft is not None
         adaptive = AdaptiveK(max(1, k_max), num_draft_tokens, self.policy.pipeline) \
-            if self.policy.adaptive_k and num_draft_tokens > 0 and self.draft is not None \
-            else None
-        load_k = self.load_k if load_aware and num_draft_tokens > 0 and adaptive is None \
-            else None
+            if self.policy.adaptive_k and speculative else None
+        load_k = self.load_k if load_aware and speculative and adaptive is None else None
+        if contrastive is not None and self.draft is None:
+            raise FailedPrecondition("contrastive decoding needs a draft service (the "
+                                     "amateur); this coordinator runs target-only")
         gen = Generation(self, list(prompt_ids), sampling,
-                         max(num_draft_tokens, k_max if adaptive else 0), stats)
+                         max(num_draft_tokens, k_max if adaptive else 0), stats, contrastive)
         gen.record.started()
         t0 = time.perf_counter()
         try:
@@ -106,7 +118,9 @@ class SpeculativeLoop:
                     k = load_k.choose(num_draft_tokens)
                 result = gen.round(min(k, remaining - 1), remaining)
                 gen.record.round(result, time.perf_counter() - started)
-                if self.load_k is not None:  # every generation's rounds teach it
+                # Every speculative generation's rounds teach it (contrastive ones accept
+                # against another distribution).
+                if self.load_k is not None and contrastive is None:
                     self.load_k.observe(result.k, result.decision.num_accepted,
                                         result.rejected,
                                         result.propose_s if gen.round_index > 1 else None,
@@ -135,13 +149,13 @@ class SpeculativeLoop:
                  sampling: SamplingParams, num_draft_tokens: int,
                  eos_token_ids: Sequence[int] = (),
                  on_tokens: Callable[[list[int], list[TokenKind]], None] | None = None,
-                 ) -> LoopResult:
+                 contrastive: ContrastiveParams | None = None) -> LoopResult:
         stats = LoopStats()
         ids: list[int] = []
         kinds: list[TokenKind] = []
         reason = "length"
         for out in self.rounds(prompt_ids, max_new_tokens, sampling, num_draft_tokens,
-                               eos_token_ids, stats):
+                               eos_token_ids, stats, contrastive=contrastive):
             ids += out.tokens
             kinds += out.kinds
             if on_tokens:
@@ -159,8 +173,10 @@ class Generation:
     the confidence exit's threshold, and its record."""
 
     def __init__(self, loop: SpeculativeLoop, prompt: list[int], sampling: SamplingParams,
-                 k_max: int, stats: LoopStats | None):
+                 k_max: int, stats: LoopStats | None,
+                 contrastive: ContrastiveParams | None = None):
         self.loop, self.policy, self.sampling = loop, loop.policy, sampling
+        self.contrastive = contrastive
         self.committed = TokenPrefix(prompt)
         self.generated = 0
         self.session_id = uuid.uuid4().hex
@@ -179,10 +195,12 @@ class Generation:
             if loop.draft is not None else None
         self.predrafts = PreDrafts(loop.executor, self.draft, self.record, sampling,
                                    self.policy.top_n) \
-            if loop.executor is not None and self.draft is not None else None
+            if loop.executor is not None and self.draft is not None and contrastive is None \
+            else None
         self.exit = ConfidenceExit(self.policy.exit_threshold,
                                    self.policy.exit_target_acceptance) \
-            if self.policy.confidence_exit and self.draft is not None else None
+            if self.policy.confidence_exit and self.draft is not None and contrastive is None \
+            else None
 
     @property
     def exit_below(self) -> float:
@@ -191,6 +209,8 @@ class Generation:
     def round(self, k: int, remaining: int) -> RoundResult:
         """One round of at most k drafts; `remaining` tokens are still wanted."""
         self.round_index += 1
+        if self.contrastive is not None:
+            return contrastive_round(self, k, self.contrastive)
         committed = list(self.committed.tokens)  # a snapshot: commit() extends the original
         round_seed = derive_seed(self.sampling.seed, "round", self.round_index)
         # Always draw K uniforms, so the random stream does not depend on outcomes.

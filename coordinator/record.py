@@ -31,6 +31,12 @@ class LoopStats:
     bytes_received: int = 0
     seconds: float = 0.0
     accepted_per_position: list[int] = field(default_factory=list)
+    head_positions: int = 0  # contrastive: positions whose V_head was scored
+    head_ids: int = 0  # contrastive: the ids of those V_heads, summed
+
+    @property
+    def mean_head_size(self) -> float:
+        return self.head_ids / self.head_positions if self.head_positions else 0.0
 
 
 @dataclass(frozen=True)
@@ -64,6 +70,11 @@ class Recorder:
         self.metrics.generation_finished()
         self.stats.seconds = seconds
         self.stats.bytes_sent, self.stats.bytes_received = sent, received
+
+    def heads(self, sizes: list[int]) -> None:
+        """A contrastive round scored V_heads of these sizes."""
+        self.stats.head_positions += len(sizes)
+        self.stats.head_ids += sum(sizes)
 
     def round(self, result: RoundResult, seconds: float) -> None:
         s = self.stats

@@ -19,9 +19,10 @@ class CacheView:
     def __init__(self) -> None:
         self.tokens: list[int] = []
 
-    def plan(self, committed: TokenPrefix) -> tuple[int, int, list[int]]:
-        """(keep_len, keep_digest, new_tokens) for the next request."""
-        limit = min(len(self.tokens), len(committed) - 1)
+    def plan(self, committed: TokenPrefix, min_new: int = 1) -> tuple[int, int, list[int]]:
+        """(keep_len, keep_digest, new_tokens) for the next request, which feeds at least
+        `min_new` tokens (0: a look-up in what the server holds may feed none)."""
+        limit = min(len(self.tokens), len(committed) - min_new)
         keep = 0
         while keep < limit and self.tokens[keep] == committed.tokens[keep]:
             keep += 1

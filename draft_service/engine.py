@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from draft_service.amateur import Amateur, ScoreArgs, ScoreResult
 from specdec.errors import Cancelled, require
 from specdec.runtime.cached_model import CachedModel, ServiceInfo
 from specdec.sampling import (
@@ -35,6 +36,7 @@ class ProposeArgs(SyncRequest):
     sampling: SamplingParams = field(default_factory=SamplingParams)
     top_n: int = 0  # 0 = the engine's default
     exit_below: float = 0.0  # confidence exit: stop after a token drawn with prob < this
+    keep_logits: bool = False  # keep each step's logits for a later Score (contrastive)
 
 
 @dataclass
@@ -51,6 +53,7 @@ class DraftEngine:
         self.model = model
         self.max_draft_tokens = max_draft_tokens
         self.default_top_n = default_top_n
+        self.amateur = Amateur(model, max_draft_tokens + 1)
 
     def info(self) -> ServiceInfo:
         return self.model.info(self.max_draft_tokens, self.default_top_n)
@@ -96,6 +99,8 @@ class DraftEngine:
                 logits = self.model.sync(s, args, keep_last=1, more=k > 1)[0]
                 passes = [s.last_pass.seconds]
                 for i in range(k):
+                    if args.keep_logits:
+                        s.keep_rows(s.cached_len, [logits], self.max_draft_tokens + 2)
                     if params.greedy:
                         x = argmax(logits[None])[0]
                         confidence = float(torch.softmax(logits.float(), -1)[x]) \
@@ -115,6 +120,11 @@ class DraftEngine:
         # The first pass may be a prefill; the steps after it say what a token costs.
         steps = passes[1:] or passes
         return ProposeResult(tokens, dists, s.cached_len, sum(steps) / len(steps))
+
+    def score(self, args: ScoreArgs, cancelled: Callable[[], bool] = lambda: False,
+              busy_wait_s: float = 0.0) -> ScoreResult:
+        """The amateur's values on V_head (contrastive decoding; draft_service.amateur)."""
+        return self.amateur.score(args, cancelled, busy_wait_s)
 
     def release(self, session_id: str) -> bool:
         return self.model.release(session_id)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from draft_service.amateur import ScoreArgs
 from draft_service.engine import DraftEngine, ProposeArgs
 from specdec import wire
 from specdec.grpc_server import Service, busy_wait_s
@@ -23,12 +24,23 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
             keep_digest=request.keep_digest, new_tokens=list(request.new_tokens),
             num_tokens=request.num_tokens,
             sampling=wire.sampling_from_proto(request.sampling), top_n=request.top_n,
-            exit_below=request.exit_below,
+            exit_below=request.exit_below, keep_logits=request.keep_logits,
         ), cancelled=lambda: not context.is_active(), busy_wait_s=busy_wait_s(context))
         return draft_pb2.ProposeResponse(
             tokens=result.tokens, dists=[wire.dist_to_proto(q) for q in result.dists],
             cached_len=result.cached_len, step_seconds=result.step_seconds,
         )
+
+    def Score(self, request: draft_pb2.ScoreRequest, context):
+        result = self.engine.score(ScoreArgs(
+            session_id=request.session_id, keep_len=request.keep_len,
+            keep_digest=request.keep_digest, new_tokens=list(request.new_tokens),
+            heads=[list(h.token_ids) for h in request.heads],
+            params=wire.contrastive_from_proto(request.contrastive),
+        ), cancelled=lambda: not context.is_active(), busy_wait_s=busy_wait_s(context))
+        return draft_pb2.ScoreResponse(
+            values=[common_pb2.HeadValues(values=v.tolist()) for v in result.values],
+            cached_len=result.cached_len)
 
     def Release(self, request, context):
         return common_pb2.ReleaseResponse(released=self.engine.release(request.session_id))

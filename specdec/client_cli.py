@@ -21,7 +21,9 @@ def request_options(args: argparse.Namespace) -> dict:
     """`specdec generate`'s flags as Client.generate/stream keyword options."""
     options = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                    top_k=args.top_k, top_p=args.top_p, seed=args.seed, stop=args.stop or (),
-                   num_draft_tokens=args.k)
+                   num_draft_tokens=args.k, decoding=args.decoding, alpha=args.alpha,
+                   beta=args.beta, amateur_temperature=args.amateur_temperature,
+                   formulation=args.formulation)
     if args.chat:
         options["messages"] = [("user", args.prompt)]
     else:
@@ -239,6 +241,21 @@ def add_parsers(sub) -> None:
     g.add_argument("--k", type=int, default=None,
                    help="draft tokens per round; 0 = target only (default: the "
                         "coordinator's)")
+    g.add_argument("--decoding", choices=("speculative", "contrastive"), default="speculative",
+                   help="speculative: the target's own distribution; contrastive: the "
+                        "target (expert) against the draft (amateur), --k 0 for its plain "
+                        "form (default: %(default)s)")
+    g.add_argument("--alpha", type=float, default=None,
+                   help="contrastive: keep tokens with p >= alpha * max p, in (0, 1] "
+                        "(default: the server's, 0.1)")
+    g.add_argument("--beta", type=float, default=None,
+                   help="contrastive (obrien): the amateur's weight, >= 0 (default: 0.5)")
+    g.add_argument("--amateur-temperature", type=float, default=None,
+                   help="contrastive (li): the amateur's temperature, > 0 (default: 1)")
+    g.add_argument("--formulation", choices=("obrien", "li"), default=None,
+                   help="contrastive score: obrien = (1+beta) logit_exp - beta logit_ama "
+                        "(O'Brien & Lewis 2023), li = log p_exp - log p_ama (Li et al. "
+                        "2022) (default: obrien)")
     g.add_argument("--stop", action="append", help="stop string, repeatable")
     g.add_argument("--stream", action="store_true", help="print text as it is generated")
     g.add_argument("--json", action="store_true",

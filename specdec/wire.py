@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from specdec import contrastive
+from specdec.errors import InvalidArgument
 from specdec.runtime.cached_model import ServiceInfo
 from specdec.sampling import SamplingParams
 from specdec.v1 import common_pb2
@@ -32,3 +34,28 @@ def dist_to_proto(q: SparseQ) -> common_pb2.SparseDist:
 
 def dist_from_proto(msg: common_pb2.SparseDist) -> tuple[list[int], list[float]]:
     return list(msg.token_ids), list(msg.probs)
+
+
+_FORMULATIONS = {common_pb2.CONTRASTIVE_FORMULATION_OBRIEN: contrastive.OBRIEN,
+                 common_pb2.CONTRASTIVE_FORMULATION_LI: contrastive.LI}
+
+
+def contrastive_from_proto(msg: common_pb2.ContrastiveParams) -> contrastive.ContrastiveParams:
+    """Unset fields take the defaults; validated (InvalidArgument names the field)."""
+    d = contrastive.ContrastiveParams()
+    formulation = _FORMULATIONS.get(msg.formulation)
+    if formulation is None:
+        raise InvalidArgument(f"contrastive.formulation: unknown value {msg.formulation} "
+                              "(0 = O'Brien & Lewis, 1 = Li et al.)")
+    return contrastive.ContrastiveParams(
+        msg.alpha if msg.HasField("alpha") else d.alpha,
+        msg.beta if msg.HasField("beta") else d.beta,
+        msg.amateur_temperature if msg.HasField("amateur_temperature")
+        else d.amateur_temperature, formulation).validate()
+
+
+def contrastive_to_proto(params: contrastive.ContrastiveParams) -> common_pb2.ContrastiveParams:
+    code = {v: k for k, v in _FORMULATIONS.items()}[params.formulation]
+    return common_pb2.ContrastiveParams(alpha=params.alpha, beta=params.beta,
+                                        amateur_temperature=params.amateur_temperature,
+                                        formulation=code)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from specdec.contrastive import ContrastiveParams, Head, head
 from specdec.errors import Cancelled, require
 from specdec.runtime.batching import Pass
 from specdec.runtime.cached_model import CachedModel, ServiceInfo
@@ -30,6 +31,9 @@ class VerifyArgs(SyncRequest):
     draft_dists: list[tuple[list[int], list[float]]] = field(default_factory=list)
     sampling: SamplingParams = field(default_factory=SamplingParams)
     round_seed: int = 0
+    # Contrastive decoding: return V_head with the expert's values at the K+1 positions
+    # (specdec.contrastive.head) instead of a round; draft_dists must then be empty.
+    contrastive: ContrastiveParams | None = None
 
 
 @dataclass
@@ -37,6 +41,7 @@ class VerifyResult:
     round: TargetRound
     cached_len: int
     ran_in: Pass | None = None  # the forward pass that served it
+    heads: list[Head] | None = None  # contrastive requests: V_head per position
 
 
 class TargetEngine:
@@ -76,6 +81,12 @@ class TargetEngine:
         require(0 <= args.round_seed < 2**64, "round_seed must fit in 64 bits")
         self.model.check_sync(args)
         drafts = args.new_tokens[len(args.new_tokens) - k:] if k else []
+        if args.contrastive is not None:
+            args.contrastive.validate()
+            require(not args.draft_dists,
+                    "draft_dists must be empty with contrastive: the coordinator verifies "
+                    "the drafts against the contrastive distribution, not the target's p")
+            return None
         if args.sampling.greedy:
             require(not args.draft_dists,
                     "draft_dists must be empty for greedy sampling (temperature = 0)")
@@ -110,6 +121,9 @@ class TargetEngine:
         if logits is None:
             raise Cancelled("the client called this request off")
         ran_in = s.last_pass
+        if args.contrastive is not None:
+            heads = [head(row, args.contrastive) for row in logits]
+            return VerifyResult(TargetRound([], [], 0), s.cached_len, ran_in, heads)
         if args.sampling.greedy:
             result = greedy_round(logits, drafts)
         else:

@@ -24,6 +24,8 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
             num_draft=request.num_draft,
             draft_dists=[wire.dist_from_proto(d) for d in request.draft_dists],
             sampling=wire.sampling_from_proto(request.sampling), round_seed=request.round_seed,
+            contrastive=wire.contrastive_from_proto(request.contrastive)
+            if request.HasField("contrastive") else None,
         )
         result = self.engine.verify(args, busy_wait_s(context),
                                     cancelled=lambda: not context.is_active())
@@ -32,6 +34,8 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
             target_probs=r.target_probs, recovered_tokens=r.recovered_tokens,
             bonus_token=r.bonus_token, cached_len=result.cached_len,
         )
+        for h in result.heads or ():
+            response.heads.add(token_ids=h.token_ids.tolist(), values=h.values.tolist())
         if ran_in is not None:
             response.pass_sessions, response.pass_tokens = ran_in.sessions, ran_in.tokens
             response.pass_seconds = ran_in.seconds

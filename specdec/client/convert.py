@@ -26,7 +26,8 @@ def stats_from_proto(msg: generate_pb2.GenerationStats) -> Stats:
                  rounds=msg.rounds, drafted_tokens=msg.drafted_tokens,
                  accepted_tokens=msg.accepted_tokens, seconds=msg.seconds,
                  pipelined_rounds=msg.pipelined_rounds, predrafts_wasted=msg.predrafts_wasted,
-                 k_per_round=tuple(msg.k_per_round), confidence_exits=msg.confidence_exits)
+                 k_per_round=tuple(msg.k_per_round), confidence_exits=msg.confidence_exits,
+                 mean_head_size=msg.mean_head_size)
 
 
 def chunk_from_proto(msg: generate_pb2.GenerateChunk) -> Chunk:
@@ -50,7 +51,8 @@ def stats_to_proto(stats: Stats) -> generate_pb2.GenerationStats:
         rounds=stats.rounds, drafted_tokens=stats.drafted_tokens,
         accepted_tokens=stats.accepted_tokens, seconds=stats.seconds,
         pipelined_rounds=stats.pipelined_rounds, predrafts_wasted=stats.predrafts_wasted,
-        k_per_round=stats.k_per_round, confidence_exits=stats.confidence_exits)
+        k_per_round=stats.k_per_round, confidence_exits=stats.confidence_exits,
+        mean_head_size=stats.mean_head_size)
 
 
 def chunk_to_proto(chunk: Chunk) -> generate_pb2.GenerateChunk:

@@ -32,6 +32,17 @@ class GenerateOptions(TypedDict, total=False):
     seed: int | None
     stop: Iterable[str]
     num_draft_tokens: int | None
+    decoding: str
+    alpha: float | None
+    beta: float | None
+    amateur_temperature: float | None
+    formulation: str | None
+
+
+DECODINGS = {"speculative": generate_pb2.DECODING_SPECULATIVE,
+             "contrastive": generate_pb2.DECODING_CONTRASTIVE}
+FORMULATIONS = {"obrien": common_pb2.CONTRASTIVE_FORMULATION_OBRIEN,
+                "li": common_pb2.CONTRASTIVE_FORMULATION_LI}
 
 
 def build_request(prompt: str | None = None, *, messages: Iterable[Message] | None = None,
@@ -39,7 +50,10 @@ def build_request(prompt: str | None = None, *, messages: Iterable[Message] | No
                   max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, temperature: float = 0.0,
                   top_p: float | None = None, top_k: int | None = None,
                   seed: int | None = None, stop: Iterable[str] = (),
-                  num_draft_tokens: int | None = None) -> generate_pb2.GenerateRequest:
+                  num_draft_tokens: int | None = None, decoding: str = "speculative",
+                  alpha: float | None = None, beta: float | None = None,
+                  amateur_temperature: float | None = None,
+                  formulation: str | None = None) -> generate_pb2.GenerateRequest:
     """The request for one generation.
 
     Give exactly one of `prompt` (raw text), `messages` (chat turns through the model's
@@ -52,6 +66,11 @@ def build_request(prompt: str | None = None, *, messages: Iterable[Message] | No
     every random draw (None = 0). stop: strings that end the generation (cut from the
     text). num_draft_tokens: K draft tokens per round, 0 = target only, None = the
     coordinator's default (which may vary it with load).
+
+    decoding: "speculative" (the target's distribution) or "contrastive" (the target as
+    expert, the draft as amateur; num_draft_tokens 0 is its plain form, K > 0 its
+    speculative form). alpha, beta, amateur_temperature and formulation ("obrien" or
+    "li") tune contrastive decoding (None = the server's default: 0.1, 0.5, 1, obrien).
     """
     request = generate_pb2.GenerateRequest(
         max_new_tokens=max_new_tokens, stop=_strings(stop),
@@ -65,6 +84,18 @@ def build_request(prompt: str | None = None, *, messages: Iterable[Message] | No
         request.prompt_token_ids.extend(prompt_token_ids)
     if num_draft_tokens is not None:
         request.num_draft_tokens = num_draft_tokens
+    if decoding not in DECODINGS:
+        raise ValueError(f"decoding must be one of {', '.join(DECODINGS)}, got {decoding!r}")
+    request.decoding = DECODINGS[decoding]
+    tuning = {"alpha": alpha, "beta": beta, "amateur_temperature": amateur_temperature}
+    for name, value in tuning.items():
+        if value is not None:
+            setattr(request.contrastive, name, value)
+    if formulation is not None:
+        if formulation not in FORMULATIONS:
+            raise ValueError(f"formulation must be one of {', '.join(FORMULATIONS)}, "
+                             f"got {formulation!r}")
+        request.contrastive.formulation = FORMULATIONS[formulation]
     return request
 
 

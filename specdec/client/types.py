@@ -42,6 +42,7 @@ class Stats:
     predrafts_wasted: int  # pre-drafts thrown away (an assumption that did not hold)
     k_per_round: tuple[int, ...]  # the K each round used
     confidence_exits: int  # rounds the draft cut short (its confidence fell too low)
+    mean_head_size: float = 0.0  # contrastive decoding: mean |V_head| over scored positions
 
     @property
     def acceptance_rate(self) -> float | None:

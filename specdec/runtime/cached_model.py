@@ -66,15 +66,17 @@ class CachedModel:
         require(not bad, f"{what} holds token ids outside the vocabulary [0, "
                          f"{self.vocab_size}): {bad[:5]}")
 
-    def check_sync(self, args: SyncRequest, extra_positions: int = 0) -> None:
-        """INVALID_ARGUMENT for a malformed sync request; nothing is touched."""
+    def check_sync(self, args: SyncRequest, extra_positions: int = 0,
+                   feed: bool = True) -> None:
+        """INVALID_ARGUMENT for a malformed sync request; nothing is touched. `feed`
+        False: new_tokens may be empty (a look-up in what the session holds)."""
         require(bool(args.session_id), "session_id must not be empty")
         require(len(args.session_id) <= 256, "session_id is longer than 256 characters")
         require(args.keep_len >= 0, f"keep_len must be >= 0, got {args.keep_len}")
         require(0 <= args.keep_digest < 2**64, "keep_digest must fit in 64 bits")
         require(args.keep_len > 0 or args.keep_digest == digests.EMPTY,
                 "keep_len = 0 requires keep_digest = 0 (the digest of the empty prefix)")
-        require(len(args.new_tokens) >= 1,
+        require(len(args.new_tokens) >= 1 or not feed,
                 "new_tokens must hold at least one token (the next input)")
         self.check_tokens(args.new_tokens, "new_tokens")
         total = args.keep_len + len(args.new_tokens) + extra_positions
@@ -95,9 +97,18 @@ class CachedModel:
         `more`: another step of this session follows at once (a draft's next token);
         `cancelled()` true before the pass starts raises Cancelled with nothing fed.
         """
-        self.backend.crop(session.cache, args.keep_len)
-        session.truncate(args.keep_len)
+        self.crop(session, args.keep_len)
         return self._feed(session, args.new_tokens, keep_last, more, cancelled)
+
+    def crop(self, session: Session, length: int) -> None:
+        """Keep the first `length` cached positions."""
+        self.backend.crop(session.cache, length)
+        session.truncate(length)
+
+    def feed(self, session: Session, tokens: list[int], keep_last: int,
+             cancelled=None) -> torch.Tensor:
+        """Feed `tokens` after what the session holds; logits of the last keep_last."""
+        return self._feed(session, tokens, keep_last, False, cancelled)
 
     def step(self, session: Session, token: int, more: bool = False,
              cancelled=None) -> torch.Tensor:

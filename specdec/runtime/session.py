@@ -34,6 +34,10 @@ class Session:
     held: TokenPrefix = field(default_factory=TokenPrefix)
     last_used: float = 0.0
     last_pass: Any = None  # the scheduler's record of the pass that fed it last
+    # Logits kept for a later look-up (the amateur's rows in contrastive decoding): the
+    # row for the token after the first n cached tokens, by n. Only what a request asked
+    # to keep; a truncate drops the rows past its length, as it drops those positions.
+    rows: dict[int, Any] = field(default_factory=dict)
 
     @property
     def tokens(self) -> list[int]:
@@ -55,6 +59,16 @@ class Session:
     def truncate(self, length: int) -> None:
         """Forget the bookkeeping of positions >= length (the caller crops the cache)."""
         self.held.truncate(length)
+        for n in [n for n in self.rows if n > length]:
+            del self.rows[n]
+
+    def keep_rows(self, first: int, logits, limit: int) -> None:
+        """Keep logits[i] as the row after the first `first + i` tokens; at most `limit`
+        rows stay, the latest."""
+        for i, row in enumerate(logits):
+            self.rows[first + i] = row.float().clone()
+        for n in sorted(self.rows)[:-limit] if len(self.rows) > limit else ():
+            del self.rows[n]
 
     def append(self, tokens: list[int]) -> None:
         self.held.extend(tokens)

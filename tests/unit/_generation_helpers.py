@@ -39,7 +39,7 @@ class FakeLoop:
         self.ended = 0  # finally blocks run
 
     def rounds(self, prompt_ids, max_new_tokens, sampling, k, eos_ids, stats,
-               load_aware=False):
+               load_aware=False, contrastive=None):
         self.calls.append(dict(prompt_ids=list(prompt_ids), max_new_tokens=max_new_tokens,
                                sampling=sampling, k=k, eos_ids=list(eos_ids)))
         assert isinstance(stats, LoopStats)

@@ -1,0 +1,91 @@
+"""One round of contrastive decoding over the two services (docs/design.md, section 17).
+
+The target is the expert, the draft the amateur (specdec.contrastive has the formulas:
+Li et al. 2022 and O'Brien & Lewis 2023).
+
+- Plain form (K = 0): the draft feeds the committed tail and keeps its logits while the
+  target returns V_head at the next position; the draft then looks its values up on
+  V_head, and the coordinator takes the score's argmax or samples softmax(score / T).
+- Speculative form (Yuan et al. 2023, "Speculative Contrastive Decoding"): the draft
+  proposes x_1..x_K from its own q, keeping its logits; it feeds x_K while the target
+  returns V_head at the K+1 positions; then it looks its values up on each V_head. The
+  coordinator builds the contrastive p on each V_head and hands it to specdec.verify
+  (target_round, decide) in place of the target's p, so accept/resample is lossless
+  with respect to the contrastive distribution: greedy output equals the plain form's,
+  and sampled output follows the same distribution.
+
+Nothing vocabulary-sized crosses the wire: V_head's ids and values go up from the
+target, the same ids down to the draft and its values back. Both services keep the
+cache-sync rule: the target holds committed + drafts as after any Verify, the draft
+committed + drafts after its Score.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from coordinator.record import RoundResult
+from specdec.contrastive import ContrastiveParams, head_distribution
+from specdec.errors import Unavailable
+from specdec.sampling import derive_seed, generator
+from specdec.verify import Decision, SparseQ, TokenKind, decide, target_round
+
+
+def contrastive_p(heads, amateur, params: ContrastiveParams, temperature: float,
+                  size: int) -> torch.Tensor:
+    """The contrastive distribution at each position, dense over `size` ids [n, size]
+    (zero outside V_head): what specdec.verify takes as the target's p."""
+    p = torch.zeros(len(heads), size)
+    for i, (h, a) in enumerate(zip(heads, amateur, strict=True)):
+        p[i, h.token_ids] = head_distribution(h, a, params, temperature)
+    return p
+
+
+def contrastive_round(gen, k: int, params: ContrastiveParams) -> RoundResult:
+    """One round of at most k drafts (k = 0: the plain form) of `gen`, a
+    coordinator.loop.Generation (its links, committed ids, record and random streams)."""
+    sampling, policy = gen.sampling, gen.policy
+    round_seed = derive_seed(sampling.seed, "round", gen.round_index)
+    u = torch.rand(max(k, 0), generator=gen.uniforms, dtype=torch.float64).tolist()
+    proposal, propose_s, draft_step_s = None, None, 0.0
+    if k > 0:
+        t0 = time.perf_counter()
+        proposal = gen.draft.propose(gen.committed, k, sampling, policy.top_n, 0.0,
+                                     keep_logits=True)
+        if proposal is None:
+            raise Unavailable("contrastive decoding needs the draft service (the amateur), "
+                              "which is failing; retry later")
+        propose_s, draft_step_s = time.perf_counter() - t0, proposal.step_seconds
+    drafts = proposal.tokens if proposal is not None else []
+    seq = gen.committed.extended(drafts)
+    # The draft's forward (the last committed token, or x_K) runs while the target's does.
+    feed = gen.loop.amateur_pool.submit(gen.draft.score, seq, [], params, 1)
+    t0 = time.perf_counter()
+    try:
+        expert = gen.target.verify(gen.committed, drafts, [], sampling, round_seed, params)
+    except BaseException:
+        feed.exception()  # let the draft's call end; the target's error is the one to see
+        raise
+    feed.result()
+    verify_s = time.perf_counter() - t0
+    amateur = gen.draft.score(seq, expert.heads, params)
+    gen.record.heads([len(h.token_ids) for h in expert.heads])
+    ids = [int(h.token_ids.max()) for h in expert.heads] + drafts
+    qs = None
+    if proposal is not None and proposal.dists:
+        qs = [SparseQ(torch.tensor(list(d.token_ids)), torch.tensor(list(d.probs)))
+              for d in proposal.dists]
+        ids += [int(q.token_ids.max()) for q in qs]
+    p = contrastive_p(expert.heads, amateur, params, sampling.temperature, 1 + max(ids))
+    result = target_round(p, drafts, qs, generator(round_seed, "verify"))
+    if not drafts:
+        decision = Decision([result.bonus_token], [TokenKind.TARGET], 0)
+    else:
+        q = [proposal.draft_prob(i) for i in range(len(drafts))]
+        decision = decide(drafts, q, result, u)
+    return RoundResult(decision, len(drafts), verify_s, propose_s,
+                       len(drafts), False,
+                       (expert.pass_sessions, expert.pass_tokens, expert.pass_seconds),
+                       draft_step_s)

@@ -1,0 +1,84 @@
+"""The draft as the amateur of contrastive decoding: its values on the expert's V_head.
+
+Score follows the cache-sync rule, except that new_tokens may be empty (a look-up in
+what the session holds). With n = keep_len + len(new_tokens) and h heads, heads[j]
+asks about the token after the first n - h + 1 + j tokens. The rows come from the
+session's kept logits (what an earlier Propose with keep_logits, or an earlier Score,
+computed there) or, for any not kept, from one forward pass over the tokens from the
+first missing position on: the session holds those ids, so the answer never depends on
+what happened to be kept (docs/design.md, section 17).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from specdec.contrastive import ContrastiveParams, amateur_values
+from specdec.errors import Cancelled, require
+from specdec.runtime.cached_model import CachedModel
+from specdec.sync import SyncRequest
+
+
+@dataclass
+class ScoreArgs(SyncRequest):
+    heads: list[list[int]] = field(default_factory=list)  # V_head's ids per position
+    params: ContrastiveParams = field(default_factory=ContrastiveParams)
+
+
+@dataclass
+class ScoreResult:
+    values: list[torch.Tensor]  # float32 [h_j] per head
+    cached_len: int
+
+
+class Amateur:
+    """Score without gRPC, over the draft's CachedModel. `max_heads` bounds one request
+    (max_draft_tokens + 1: a speculative round's K+1 positions), and the rows a session
+    keeps."""
+
+    def __init__(self, model: CachedModel, max_heads: int):
+        self.model, self.max_heads = model, max_heads
+
+    def validate(self, args: ScoreArgs) -> None:
+        h = len(args.heads)
+        require(h <= self.max_heads, f"heads: at most {self.max_heads} positions per request "
+                                     f"(max_draft_tokens + 1), got {h}")
+        self.model.check_sync(args, feed=False)
+        n = args.keep_len + len(args.new_tokens)
+        require(n >= 1, "nothing to score: keep_len = 0 and no new_tokens")
+        require(h <= n, f"{h} heads ask about positions before the first token: the "
+                        f"sequence is only {n} tokens long")
+        for j, ids in enumerate(args.heads):
+            require(len(ids) >= 1, f"heads[{j}].token_ids must not be empty")
+            self.model.check_tokens(ids, f"heads[{j}].token_ids")
+            require(len(set(ids)) == len(ids), f"heads[{j}].token_ids has duplicates")
+        args.params.validate()
+
+    def score(self, args: ScoreArgs, cancelled: Callable[[], bool] = lambda: False,
+              busy_wait_s: float = 0.0) -> ScoreResult:
+        self.validate(args)
+        if cancelled():
+            raise Cancelled("the client called this request off")
+        n = args.keep_len + len(args.new_tokens)
+        wanted = range(n - len(args.heads), n)  # prefix lengths, one per head (0-based)
+        limit = self.max_heads + 1
+        with self.model.store.use(args.session_id, args.keep_len, args.keep_digest, n,
+                                  busy_wait_s=busy_wait_s) as s:
+            self.model.crop(s, args.keep_len)
+            if args.new_tokens:
+                logits = self.model.feed(s, args.new_tokens, len(args.new_tokens), cancelled)
+                s.keep_rows(args.keep_len + 1, logits, limit)
+            missing = [m + 1 for m in wanted if m + 1 not in s.rows]
+            if missing:
+                # Recompute from the first missing row on: feed tokens[first - 1:] again.
+                first = missing[0]
+                tail = s.tokens[first - 1:]
+                self.model.crop(s, first - 1)
+                logits = self.model.feed(s, tail, len(tail), cancelled)
+                s.keep_rows(first, logits, limit)
+            values = [amateur_values(s.rows[m + 1], torch.tensor(ids), args.params)
+                      for m, ids in zip(wanted, args.heads, strict=True)]
+            return ScoreResult(values, s.cached_len)
