@@ -99,7 +99,7 @@ def markdown(rows: list[ModeRow], comparisons: list[Comparison], meta: dict,
            "generations (min-max).", ""]
     out += rows_table(rows) + [""]
     if comparisons:
-        out += [f"Speed: {meta.get('speedup_definition', harness.SPEEDUP_DEFINITION)} ; here "
+        out += [f"Speed: {meta.get('speedup_definition', harness.SPEEDUP_DEFINITION)}; here, "
                 "each form's tok/s over its baseline's, per (prompt, seed).", ""]
         out += comparisons_table(comparisons, names) + [""]
     if (v := verdict(comparisons)) is not None:
