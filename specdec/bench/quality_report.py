@@ -35,6 +35,12 @@ def _yes(x: bool | None) -> str:
     return "-" if x is None else ("yes" if x else "NO")
 
 
+def _same(c: Comparison) -> str:
+    if c.identical is None or c.required:
+        return _yes(c.identical)
+    return "yes" if c.identical else "no (another distribution)"
+
+
 def rows_table(rows: list[ModeRow]) -> list[str]:
     head = ["mode", "gens", "texts", "tokens/gen"] + [t for _, t, _ in MEASURES] + \
         ["mean abs V_head", "acceptance", "same ids every seed"]
@@ -55,7 +61,7 @@ def comparisons_table(comparisons: list[Comparison], names: dict[str, str]) -> l
     for c in comparisons:
         out.append(f"| {names[c.scenario]} | {names[c.baseline]} | "
                    f"{_fmt(c.ratio, '.2f')}{'x' if c.ratio is not None else ''} | "
-                   f"{c.pairs} | {_yes(c.identical)} |")
+                   f"{c.pairs} | {_same(c)} |")
     return out
 
 

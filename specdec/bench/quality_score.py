@@ -87,6 +87,9 @@ class Comparison:
     pairs: int
     greedy: bool
     identical: bool | None = None  # greedy pairs: ids equal on every (prompt, seed)
+    # identical ids are required: two forms of one greedy decoding (the contrastive
+    # forms); across decodings (contrastive vs the target's greedy) they are a finding
+    required: bool = False
     mismatches: list[str] = field(default_factory=list)  # "prompt (seed index)"
 
 
@@ -126,8 +129,9 @@ def compare(samples: list[EvalSample], by_key: dict[str, Mode], scenario: str,
             baseline: str) -> Comparison:
     sc, base = by_key[scenario], by_key[baseline]
     ratios = harness.ratios(samples, sc.name, base.name)
+    greedy = sc.greedy and base.greedy
     out = Comparison(scenario, baseline, harness.speedup(samples, sc.name, base.name),
-                     len(ratios), sc.greedy and base.greedy)
+                     len(ratios), greedy, required=greedy and sc.decoding == base.decoding)
     if out.greedy:
         ids = {(s.prompt, s.repeat): s.token_ids for s in samples if s.mode == baseline}
         for s in samples:

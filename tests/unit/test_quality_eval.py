@@ -166,7 +166,7 @@ def test_summary_pools_dedupes_greedy_and_compares():
     # per (prompt, seed): (4/1)/(4/2) = 2 and (4/0.5)/(4/2) = 4; the median is 3
     assert c.ratio == pytest.approx(3.0) == harness.speedup(
         synthetic(), by_key()["cd-greedy-spec"].name, by_key()["cd-greedy"].name)
-    assert c.identical is False and c.mismatches == ["'P' (seed index 1)"]
+    assert c.identical is False and c.mismatches == ["'P' (seed index 1)"] and c.required
 
 
 def test_markdown_json_and_plot(tmp_path):
@@ -190,6 +190,16 @@ def test_markdown_json_and_plot(tmp_path):
     assert data["rows"][1]["mode"] == "cd-greedy" and data["comparisons"][0]["ratio"] == 3.0
     assert data["samples"][0]["loglik"] == -1.0 and data["samples"][0]["text"] == "a b a b"
     assert quality_report.plot(rows, tmp_path / "eval.png").stat().st_size > 1000
+
+
+def test_only_two_forms_of_one_decoding_must_match():
+    samples = synthetic() + [s("greedy", "P", r, "a b", [1, 2]) for r in (0, 1)]
+    _, comps = quality_score.summarise(samples, modes())
+    c = next(c for c in comps if c.baseline == "greedy")
+    assert c.scenario == "cd-greedy" and c.identical is False and not c.required
+    table = "\n".join(quality_report.comparisons_table(comps, {m.key: m.key for m in modes()}))
+    assert "| cd-greedy | greedy | 1.00x | 2 | no (another distribution) |" in table
+    assert "| cd-greedy-spec | cd-greedy | 3.00x | 2 | NO |" in table
 
 
 def test_verdict_below_the_target_and_without_the_pair():
