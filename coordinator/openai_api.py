@@ -9,7 +9,9 @@ parameter, in OpenAI's error shape, rather than silently ignored.
 
 specdec's own fields:
 - request extensions (the `openai` package's `extra_body`): `top_k`, `num_draft_tokens`
-  (K; 0 = target only), `timeout` (seconds; past it the request ends with 504);
+  (K; 0 = target only), `timeout` (seconds; past it the request ends with 504),
+  `decoding` ("speculative" or "contrastive") and `contrastive` ({alpha, beta,
+  amateur_temperature, formulation: "obrien" | "li"}; docs/design.md, section 17);
 - each chunk (and a unary response) carries `specdec`: the round's token ids, kinds and per-token
   texts (the browser demo colours tokens by kind from these);
 - `usage.completion_tokens_details.accepted_prediction_tokens` /
@@ -23,6 +25,7 @@ import math
 import secrets
 from dataclasses import dataclass
 
+from specdec.client.request import DECODINGS, FORMULATIONS
 from specdec.errors import SpecdecError
 from specdec.v1 import common_pb2, generate_pb2
 
@@ -48,13 +51,16 @@ HTTP_STATUS = {
 SERVICE_FIELDS = {"max_new_tokens": "max_tokens", "num_draft_tokens": "num_draft_tokens",
                   "sampling.temperature": "temperature", "sampling.top_p": "top_p",
                   "sampling.top_k": "top_k", "sampling.seed": "seed", "stop": "stop",
-                  "prompt_token_ids": "prompt"}
+                  "prompt_token_ids": "prompt", "alpha": "contrastive.alpha",
+                  "beta": "contrastive.beta",
+                  "amateur_temperature": "contrastive.amateur_temperature"}
 INT32_MAX = 2**31 - 1
 DEFAULT_TEMPERATURE = 1.0  # OpenAI's default; send 0 for greedy
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 
 _COMMON = {"model", "max_tokens", "temperature", "top_p", "seed", "stop", "stream",
            "stream_options", "n", "user", "top_k", "num_draft_tokens", "timeout",
+           "decoding", "contrastive",
            "logprobs", "presence_penalty", "frequency_penalty", "logit_bias"}
 CHAT_FIELDS = _COMMON | {"messages", "max_completion_tokens", "top_logprobs", "tools",
                          "tool_choice", "functions", "function_call", "response_format",
@@ -223,6 +229,7 @@ def _common(body: dict, model: str) -> tuple[generate_pb2.GenerateRequest, Optio
             raise bad("`num_draft_tokens` must be an integer (0 = target only)",
                       "num_draft_tokens")
         req.num_draft_tokens = k
+    _decoding(body, req)
     stop = body.get("stop")
     stop = [stop] if isinstance(stop, str) else (stop or [])
     if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
@@ -242,6 +249,30 @@ def _common(body: dict, model: str) -> tuple[generate_pb2.GenerateRequest, Optio
         if timeout <= 0:
             raise bad("`timeout` must be > 0 seconds", "timeout")
     return req, Options(stream, bool(stream_options.get("include_usage")), timeout)
+
+
+def _decoding(body: dict, req: generate_pb2.GenerateRequest) -> None:
+    """`decoding` and `contrastive` (the values' ranges are GenerationService's to check)."""
+    decoding = body.get("decoding", "speculative")
+    if decoding not in DECODINGS:
+        raise bad(f"`decoding` must be one of {', '.join(DECODINGS)}, got {decoding!r}",
+                  "decoding")
+    req.decoding = DECODINGS[decoding]
+    cd = body.get("contrastive")
+    if cd is None:
+        return
+    if not isinstance(cd, dict) or set(cd) - {"alpha", "beta", "amateur_temperature",
+                                              "formulation"}:
+        raise bad("`contrastive` must be an object with alpha, beta, amateur_temperature "
+                  "and formulation (each optional)", "contrastive")
+    for name in ("alpha", "beta", "amateur_temperature"):
+        if cd.get(name) is not None:
+            setattr(req.contrastive, name, _number(cd, name, 0.0, f"contrastive.{name}"))
+    formulation = cd.get("formulation", "obrien")
+    if formulation not in FORMULATIONS:
+        raise bad(f"`contrastive.formulation` must be one of {', '.join(FORMULATIONS)}, got "
+                  f"{formulation!r}", "contrastive.formulation")
+    req.contrastive.formulation = FORMULATIONS[formulation]
 
 
 def _max_tokens(req: generate_pb2.GenerateRequest, value, param: str) -> None:
@@ -276,18 +307,19 @@ def _message(m, i: int) -> generate_pb2.ChatMessage:
     return generate_pb2.ChatMessage(role=ROLES[role], content=content)
 
 
-def _number(body: dict, name: str, default: float) -> float:
+def _number(body: dict, name: str, default: float, param: str | None = None) -> float:
     value = body.get(name)
+    param = param or name
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise bad(f"`{name}` must be a finite number", name)
+        raise bad(f"`{param}` must be a finite number", param)
     try:
         number = float(value)  # an integer beyond a double's range overflows
     except OverflowError:
         number = math.inf
     if not math.isfinite(number):
-        raise bad(f"`{name}` must be a finite number", name)
+        raise bad(f"`{param}` must be a finite number", param)
     return number
 
 

@@ -39,6 +39,7 @@ def usage(stats: generate_pb2.GenerationStats) -> dict:
             "predrafts_wasted": stats.predrafts_wasted,
             "confidence_exits": stats.confidence_exits,
             "k_per_round": list(stats.k_per_round),
+            "mean_head_size": stats.mean_head_size or None,  # contrastive decoding only
         },
     }
 

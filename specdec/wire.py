@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from specdec import contrastive
+from specdec.client.request import FORMULATIONS
 from specdec.errors import InvalidArgument
 from specdec.runtime.cached_model import ServiceInfo
 from specdec.sampling import SamplingParams
@@ -36,8 +37,7 @@ def dist_from_proto(msg: common_pb2.SparseDist) -> tuple[list[int], list[float]]
     return list(msg.token_ids), list(msg.probs)
 
 
-_FORMULATIONS = {common_pb2.CONTRASTIVE_FORMULATION_OBRIEN: contrastive.OBRIEN,
-                 common_pb2.CONTRASTIVE_FORMULATION_LI: contrastive.LI}
+_FORMULATIONS = {code: name for name, code in FORMULATIONS.items()}
 
 
 def contrastive_from_proto(msg: common_pb2.ContrastiveParams) -> contrastive.ContrastiveParams:

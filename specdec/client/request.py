@@ -39,6 +39,8 @@ class GenerateOptions(TypedDict, total=False):
     formulation: str | None
 
 
+# The names of the decoding modes and contrastive formulations, everywhere a person writes
+# one (client options, the CLI, the HTTP API); specdec.contrastive uses the same names.
 DECODINGS = {"speculative": generate_pb2.DECODING_SPECULATIVE,
              "contrastive": generate_pb2.DECODING_CONTRASTIVE}
 FORMULATIONS = {"obrien": common_pb2.CONTRASTIVE_FORMULATION_OBRIEN,

@@ -37,6 +37,7 @@ class FakeLoop:
         self.closed_early = 0  # closed at a yield (GeneratorExit)
         self.yielded = 0
         self.ended = 0  # finally blocks run
+        self.draft = object()  # a draft is configured (None: target-only)
 
     def rounds(self, prompt_ids, max_new_tokens, sampling, k, eos_ids, stats,
                load_aware=False, contrastive=None):

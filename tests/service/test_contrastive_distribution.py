@@ -1,0 +1,83 @@
+"""Sampled contrastive output over the real services follows the contrastive distribution
+softmax(score / T) on V_head, computed in this process from the two models' logits
+(a chi-square test of the two-token joint law, as for speculative sampling), in the
+plain form and the speculative form, where accept/resample runs against it."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from coordinator.loop import SpeculativeLoop
+from coordinator.policy import LoopPolicy
+from specdec.contrastive import LI, OBRIEN, contrastive_distribution
+from specdec.contrastive_reference import last_logits
+from specdec.runtime.models import TINY_DRAFT, TINY_TARGET, build_tiny
+from specdec.sampling import SamplingParams
+from tests.service.test_contrastive_exact import params
+from tests.service.test_sampled_distribution import chi_square_p_value
+
+PROMPT = [31, 415, 92, 65]
+TRIALS = 1500
+
+
+def contrastive_joint(p, temperature: float, n: int = 2) -> dict[tuple[int, ...], float]:
+    """Exact P(t1..tn) under the contrastive distribution of the tiny pair."""
+    expert, amateur = build_tiny(TINY_TARGET).model, build_tiny(TINY_DRAFT).model
+    joint: dict[tuple[int, ...], float] = {(): 1.0}
+    for _ in range(n):
+        longer = {}
+        for prefix, prob in joint.items():
+            ids = PROMPT + list(prefix)
+            dist = contrastive_distribution(last_logits(expert, ids), last_logits(amateur, ids),
+                                            p, temperature)
+            for t in dist.nonzero().flatten().tolist():
+                longer[prefix + (t,)] = prob * float(dist[t])
+        joint = longer
+    return joint
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("p", "temperature", "k", "top_n"),
+    [
+        (params(OBRIEN), 1.0, 0, 0),
+        (params(OBRIEN), 1.0, 3, 2),  # the draft's q: 2 ids per draft
+        (params(LI, amateur_temperature=0.7), 0.8, 2, 0),
+    ],
+    ids=["obrien-plain", "obrien-K3-top_n2", "li-Ta0.7-T0.8-K2"],
+)
+def test_two_token_joint_matches_the_contrastive_distribution(draft_client, target_client,
+                                                              p, temperature, k, top_n):
+    expected = contrastive_joint(p, temperature)
+    loop = SpeculativeLoop(draft_client, target_client, LoopPolicy(pipeline=False, top_n=top_n))
+    counts: Counter = Counter()
+    accepted = drafted = 0
+    for seed in range(TRIALS):
+        sampling = SamplingParams(temperature=temperature, seed=seed)
+        result = loop.generate(PROMPT, 2, sampling, num_draft_tokens=k, contrastive=p)
+        counts[tuple(result.token_ids)] += 1
+        accepted += result.stats.accepted_tokens
+        drafted += result.stats.drafted_tokens
+    if k:
+        assert 0 < accepted < drafted  # both accept and reject paths were exercised
+    p_value = chi_square_p_value(counts, expected, TRIALS)
+    print(f"chi-square p = {p_value:.3f}, acceptance = {accepted / max(drafted, 1):.2f}, "
+          f"cells = {len(expected)}")
+    assert p_value > 1e-3, (p_value, counts.most_common(8))
+
+
+def test_the_target_distribution_fails_this_test(target_client, draft_client):
+    """Power: speculative sampling of the target's own distribution, counted against the
+    contrastive law, is rejected (the two differ on these models)."""
+    p = params(OBRIEN)
+    expected = contrastive_joint(p, 1.0)
+    loop = SpeculativeLoop(draft_client, target_client, LoopPolicy(pipeline=False, top_n=0))
+    counts: Counter = Counter()
+    for seed in range(600):
+        result = loop.generate(PROMPT, 2, SamplingParams(temperature=1.0, seed=seed), 0)
+        counts[tuple(result.token_ids)] += 1
+    on_support = Counter({c: n for c, n in counts.items() if c in expected})
+    outside = sum(counts.values()) - sum(on_support.values())
+    assert outside > 0 or chi_square_p_value(on_support, expected, 600) < 1e-3
