@@ -44,6 +44,21 @@ def _pair(args: argparse.Namespace):
             f"{args.model} (OpenVINO {args.draft_weights}, the expert's own quantized copy)")
 
 
+def _revision() -> str:
+    """HEAD's commit, and "+ uncommitted changes" when the tree differs from it (the
+    services run from the tree)."""
+    import subprocess
+
+    from specdec.launcher import ROOT
+
+    def git(*a: str) -> str:
+        return subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True).stdout
+
+    head = git("rev-parse", "--short", "HEAD").strip() or "unknown"
+    return head + (" + uncommitted changes" if git("status", "--porcelain", "-uno").strip()
+                   else "")
+
+
 def settings_of(args: argparse.Namespace) -> ContrastiveSettings:
     return ContrastiveSettings(args.alpha, args.beta, args.amateur_temperature,
                                args.formulation)
@@ -60,6 +75,7 @@ def run(args: argparse.Namespace) -> int:
     prompts = open_prompts.PROMPTS[:args.prompts]
     seeds = open_prompts.SEEDS[:args.seeds]
     settings = settings_of(args)
+    revision = _revision()  # what the services start from
     out_dir = Path(args.out or f"bench-results/eval-{args.draft_weights}")
     out_dir.mkdir(parents=True, exist_ok=True)
     _say("== preparing the models (cached)")
@@ -95,7 +111,8 @@ def run(args: argparse.Namespace) -> int:
             "contrastive": _describe(settings), "pinned": pinned,
             "target_args": target_args, "draft_args": draft_args,
             "speedup_definition": harness.SPEEDUP_DEFINITION, "run_seconds": round(run_s, 1),
-            "command": " ".join(sys.argv), "date": time.strftime("%Y-%m-%d")}
+            "revision": revision, "command": " ".join(sys.argv),
+            "date": time.strftime("%Y-%m-%d")}
     md = quality_report.markdown(rows, comparisons, meta, samples)
     (out_dir / "eval.md").write_text(md)
     quality_report.write_json(out_dir / "eval.json", rows, comparisons, meta,

@@ -98,7 +98,8 @@ def markdown(rows: list[ModeRow], comparisons: list[Comparison], meta: dict,
     out = [f"Machine: {meta.get('machine', '?')}. Target (expert): {meta.get('target', '?')}; "
            f"draft (amateur): {meta.get('draft', '?')}. {meta.get('prompts')} open-ended "
            f"prompts x {meta.get('seeds')} seeds x {meta.get('max_new_tokens')} new tokens, "
-           f"modes interleaved per prompt. Contrastive: {meta.get('contrastive', '?')}.", "",
+           f"modes interleaved per prompt. Contrastive: {meta.get('contrastive', '?')}. "
+           f"Revision: {meta.get('revision', '?')}.", "",
            "Quality figures pool whitespace tokens over a mode's texts (greedy modes: one "
            "text per prompt); seq-rep-4 and the target's log-likelihood (mean log p per "
            "generated token, temperature 1) are means over texts; tok/s is the median over "
