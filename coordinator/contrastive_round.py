@@ -22,15 +22,18 @@ committed + drafts after its Score.
 
 from __future__ import annotations
 
+import logging
 import time
 
 import torch
 
+from coordinator.link import AmateurUnavailable
 from coordinator.record import RoundResult
 from specdec.contrastive import ContrastiveParams, head_distribution
-from specdec.errors import Unavailable
 from specdec.sampling import derive_seed, generator
 from specdec.verify import Decision, SparseQ, TokenKind, decide, target_round
+
+log = logging.getLogger(__name__)
 
 
 def contrastive_p(heads, amateur, params: ContrastiveParams, temperature: float,
@@ -45,18 +48,34 @@ def contrastive_p(heads, amateur, params: ContrastiveParams, temperature: float,
 
 def contrastive_round(gen, k: int, params: ContrastiveParams) -> RoundResult:
     """One round of at most k drafts (k = 0: the plain form) of `gen`, a
-    coordinator.loop.Generation (its links, committed ids, record and random streams)."""
-    sampling, policy = gen.sampling, gen.policy
-    round_seed = derive_seed(sampling.seed, "round", gen.round_index)
+    coordinator.loop.Generation (its links, committed ids, record and random streams).
+    A draft that fails is replaced by another replica at once and the round repeated
+    with the same random draws (the output does not depend on which replica answers);
+    with none left, UNAVAILABLE."""
+    round_seed = derive_seed(gen.sampling.seed, "round", gen.round_index)
     u = torch.rand(max(k, 0), generator=gen.uniforms, dtype=torch.float64).tolist()
+    try:
+        return _round(gen, k, params, round_seed, u)
+    except AmateurUnavailable as e:
+        leaving = gen.draft.failed_address
+        if not gen.draft.repin_now():
+            raise
+        log.warning("contrastive round: draft %s failed (%s); repeating the round on %s",
+                    leaving, e, gen.draft.replica.address)
+        return _round(gen, k, params, round_seed, u)
+
+
+def _round(gen, k: int, params: ContrastiveParams, round_seed: int,
+           u: list[float]) -> RoundResult:
+    sampling, policy = gen.sampling, gen.policy
     proposal, propose_s, draft_step_s = None, None, 0.0
     if k > 0:
         t0 = time.perf_counter()
         proposal = gen.draft.propose(gen.committed, k, sampling, policy.top_n, 0.0,
                                      keep_logits=True)
         if proposal is None:
-            raise Unavailable("contrastive decoding needs the draft service (the amateur), "
-                              "which is failing; retry later")
+            raise AmateurUnavailable("contrastive decoding needs the draft service (the "
+                                     "amateur), which is failing; retry later")
         propose_s, draft_step_s = time.perf_counter() - t0, proposal.step_seconds
     drafts = proposal.tokens if proposal is not None else []
     seq = gen.committed.extended(drafts)

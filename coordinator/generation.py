@@ -41,6 +41,9 @@ class Limits:
     default_k: int = 4
     max_new_tokens_cap: int = 4096
     max_concurrency: int = 32
+    # A draft replica's logits depend on its passes' size (ModelInfo.batch_dependent_logits):
+    # no use as contrastive decoding's amateur.
+    amateur_batch_dependent: bool = False
 
 
 @dataclass(frozen=True)
@@ -128,6 +131,12 @@ class GenerationService:
         if self.loop.draft is None or self.limits.max_draft_tokens == 0:
             raise FailedPrecondition("contrastive decoding needs a draft service (the "
                                      "amateur); this coordinator runs without one")
+        if self.limits.amateur_batch_dependent:
+            raise FailedPrecondition(
+                "contrastive decoding needs an amateur whose logits depend on the prefix "
+                "alone, and this coordinator's draft quantizes activations per pass; "
+                "restart the draft with --dynamic-quantization off (OpenVINO) or without "
+                "--quantize int8 (torch)")
         return params
 
     def _prompt_ids(self, req) -> list[int]:

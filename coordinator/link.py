@@ -44,6 +44,10 @@ DRAFT_DOWN_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEED
 T = TypeVar("T")
 
 
+class AmateurUnavailable(Unavailable):
+    """The draft failed a contrastive call (or none is reachable)."""
+
+
 class Link:
     """The replica a generation is pinned to for one service, and its cache view."""
 
@@ -102,6 +106,7 @@ class DraftLink(Link):
         self.backoff_base_s = backoff_base_s
         self.failures = 0
         self.retry_at = 0.0
+        self.failed_address: str | None = None
 
     def ready(self) -> bool:
         """Pinned and out of back-off: the pinned draft, or a new one once the back-off
@@ -115,6 +120,7 @@ class DraftLink(Link):
     def failed(self, error: grpc.RpcError) -> None:
         log.warning("draft %s failed (%s: %s); decoding target-only for now",
                     self.replica.address, error.code().name, error.details())
+        self.failed_address = self.replica.address
         self.record.draft_fallback()
         self.failures += 1
         if error.code() in DRAFT_DOWN_CODES:
@@ -138,21 +144,30 @@ class DraftLink(Link):
         return proposal
 
 
+    def repin_now(self) -> bool:
+        """Contrastive decoding cannot decode without its amateur, so it does not wait out
+        the back-off: pin another replica now (a fresh session there). False if none."""
+        if self.pin([self.failed_address] if self.failed_address else []):
+            self.retry_at = 0.0
+            return True
+        return False
+
     def score(self, seq: TokenPrefix, heads: list, params: ContrastiveParams,
               min_new: int = 0) -> list:
         """The amateur's values on each head's ids, for the last len(heads) positions of
         `seq` (no heads: feed what the draft lacks and keep its logits). Contrastive
         decoding cannot go on without the amateur, so a failure is UNAVAILABLE."""
         if not self.ready():
-            raise Unavailable("contrastive decoding needs the draft service (the amateur), "
-                              "and no draft replica is reachable; retry later")
+            raise AmateurUnavailable("contrastive decoding needs the draft service (the "
+                                     "amateur), and no draft replica is reachable; retry "
+                                     "later")
         try:
             values, cached_len = self.call(seq, lambda client, sync: client.score(
                 sync, heads, params, self.meter), min_new=min_new)
         except grpc.RpcError as e:
             self.failed(e)
-            raise Unavailable(f"the draft service (the amateur of contrastive decoding) "
-                              f"failed: {e.code().name}: {e.details()}") from e
+            raise AmateurUnavailable(f"the draft service (the amateur of contrastive "
+                                     f"decoding) failed: {e.code().name}: {e.details()}") from e
         self.view.served(seq.tokens, cached_len)
         return values
 

@@ -128,6 +128,7 @@ def build_service(cfg: CoordinatorConfig) -> GenerationService:
         default_k=cfg.k if draft else 0,
         max_new_tokens_cap=cfg.max_new_tokens_cap,
         max_concurrency=cfg.max_concurrency,
+        amateur_batch_dependent=any(i.batch_dependent_logits for i in d_infos.values()),
     )
     eos = [tokenizer.eos_token_id] if tokenizer is not None and \
         tokenizer.eos_token_id is not None else []

@@ -25,6 +25,7 @@ class ModelServiceConfig:
     performance_hint: str = "LATENCY"
     ov_rollback: str = "mask"
     kv_layout: str = "paged"
+    dynamic_quantization: str = "auto"
     cpus: str = ""
     dtype: str = "float32"
     quantize: str = "none"
@@ -52,7 +53,8 @@ PRECISIONS = ("auto", "f32", "bf16", "f16")
 
 
 def add_model_service_flags(p: argparse.ArgumentParser, default_port: int,
-                            default_precision: str = "f32") -> None:
+                            default_precision: str = "f32",
+                            default_dynamic_quantization: str = "auto") -> None:
     p.add_argument("--model", required=True,
                    help="model name (tiny-random, tiny-random-draft) or a Hugging Face model "
                         "folder on disk (required)")
@@ -76,6 +78,14 @@ def add_model_service_flags(p: argparse.ArgumentParser, default_port: int,
                         "below f32 is faster but not batch-invariant: verifying K+1 tokens "
                         "at once rounds differently from one-token steps, so greedy "
                         "speculative output can differ from target-only output "
+                        "(default: %(default)s)")
+    p.add_argument("--dynamic-quantization", default=default_dynamic_quantization,
+                   choices=["auto", "off"],
+                   help="openvino, int8/int4 weights: auto = the CPU plugin's default, which "
+                        "quantizes activations in passes of more than one token, so a "
+                        "position's logits change (by up to ~1 here) with the pass's size; "
+                        "off = logits that depend on the prefix alone, as contrastive "
+                        "decoding needs of its amateur (it refuses a draft without it) "
                         "(default: %(default)s)")
     p.add_argument("--performance-hint", default="LATENCY",
                    choices=["LATENCY", "THROUGHPUT", "CUMULATIVE_THROUGHPUT"],
@@ -164,7 +174,9 @@ def load_backend(cfg: ModelServiceConfig):
         return kind(ir_dir, cfg.device or "CPU", cfg.threads,
                                cfg.kv_cache_precision, cfg.performance_hint, model_id=model_id,
                                rollback=cfg.ov_rollback,
-                               inference_precision=cfg.inference_precision)
+                               inference_precision=cfg.inference_precision,
+                               dynamic_quantization=cfg.dynamic_quantization != "off",
+                               compressed_weights=cfg.weights in ("int8", "int4"))
     from specdec.runtime.models import load
     from specdec.runtime.torch_backend import TorchBackend
 
@@ -174,7 +186,10 @@ def load_backend(cfg: ModelServiceConfig):
         from specdec.runtime.models import quantize_int8
 
         quantize_int8(loaded)
-    return TorchBackend(loaded, device)
+    backend = TorchBackend(loaded, device)
+    # torch's dynamic int8 scales activations per pass: logits depend on the batch.
+    backend.batch_dependent_logits = cfg.quantize == "int8"
+    return backend
 
 
 def load_cached_model(cfg: ModelServiceConfig) -> CachedModel:

@@ -32,6 +32,7 @@ class ServiceInfo:
     max_draft_tokens: int
     max_sessions: int
     default_top_n: int = 0
+    batch_dependent_logits: bool = False  # see common.proto ModelInfo
 
 
 class CachedModel:
@@ -55,7 +56,8 @@ class CachedModel:
         b = self.backend
         return ServiceInfo(b.loaded.model_id, b.vocab_size, b.loaded.tokenizer_digest,
                            b.max_context, b.name, str(b.device), max_draft_tokens,
-                           self.store.max_sessions, default_top_n)
+                           self.store.max_sessions, default_top_n,
+                           getattr(b, "batch_dependent_logits", False))
 
     def release(self, session_id: str) -> bool:
         require(bool(session_id), "session_id must not be empty")

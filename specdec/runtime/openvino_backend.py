@@ -82,7 +82,8 @@ class OpenVINOBackend:
     def __init__(self, ir_dir: str | Path, device: str = "CPU", threads: int = 0,
                  kv_cache_precision: str = "f32", performance_hint: str = "LATENCY",
                  model_id: str | None = None, rollback: str = "mask", max_stale: int = 64,
-                 inference_precision: str = "f32"):
+                 inference_precision: str = "f32", dynamic_quantization: bool = True,
+                 compressed_weights: bool = False):
         import openvino as ov
         from transformers import AutoTokenizer
 
@@ -111,6 +112,12 @@ class OpenVINOBackend:
             config["INFERENCE_NUM_THREADS"] = threads
         if performance_hint:
             config["PERFORMANCE_HINT"] = performance_hint
+        if not dynamic_quantization:
+            # The CPU plugin quantizes activations (groups of 32) in passes of more than
+            # one token over int8/int4 weights; off, a position's logits depend on its
+            # prefix alone, whatever the pass holds (contrastive decoding's amateur).
+            config["DYNAMIC_QUANTIZATION_GROUP_SIZE"] = 0
+        self.batch_dependent_logits = compressed_weights and dynamic_quantization
         self.compiled = self._compile(core, ir_dir / IR_FILE, device, config)
         try:  # what the plugin resolved "auto" to, for logs and bench reports
             self.inference_precision = \

@@ -10,14 +10,10 @@ import pytest
 
 from coordinator.config import CoordinatorConfig
 from coordinator.setup import build_service
+from specdec.contrastive import LI
 from specdec.errors import FailedPrecondition
 from specdec.v1 import common_pb2, generate_pb2
-from tests.service.test_contrastive_exact import (  # noqa: F401 - fixtures
-    LI,
-    models,
-    params,
-    reference,
-)
+from tests.service._contrastive_helpers import params, reference
 
 pytestmark = pytest.mark.slow
 PROMPT = [1, 2, 3, 4, 5]
@@ -33,7 +29,7 @@ def request(k: int, **contrastive) -> generate_pb2.GenerateRequest:
 
 
 @pytest.mark.parametrize("k", [0, 4])
-def test_grpc_contrastive_equals_the_reference(generator_stub, reference, k):
+def test_grpc_contrastive_equals_the_reference(generator_stub, k):
     li = dict(formulation=common_pb2.CONTRASTIVE_FORMULATION_LI, amateur_temperature=0.5)
     resp = generator_stub.Generate(request(k, **li), timeout=60)
     assert list(resp.token_ids) == reference(PROMPT, params(LI, amateur_temperature=0.5), N)
@@ -76,3 +72,25 @@ def test_without_a_draft_contrastive_is_failed_precondition(target_server):
         list(service.stream(request(0)))
     assert list(service.stream(generate_pb2.GenerateRequest(  # speculative still works
         prompt_token_ids=PROMPT, max_new_tokens=3)))[-1].finish_reason == "length"
+
+
+def test_a_batch_dependent_amateur_is_failed_precondition(target_server):
+    """torch's dynamic int8 draft scales activations per pass, so its logits depend on
+    the batch: it says so in Info, and contrastive decoding refuses it (speculative
+    decoding, which it cannot make inexact, still runs)."""
+    from draft_service.__main__ import create as create_draft
+    from draft_service.config import DraftConfig
+
+    server, port, engine = create_draft(DraftConfig(model="tiny-random-draft", port=0,
+                                                    quantize="int8"))
+    server.start()
+    try:
+        assert engine.info().batch_dependent_logits
+        service = build_service(CoordinatorConfig(target=target_server[0],
+                                                  draft=f"127.0.0.1:{port}"))
+        with pytest.raises(FailedPrecondition, match="--dynamic-quantization off"):
+            list(service.stream(request(4)))
+        assert list(service.stream(generate_pb2.GenerateRequest(
+            prompt_token_ids=PROMPT, max_new_tokens=3)))[-1].finish_reason == "length"
+    finally:
+        server.stop(0)

@@ -15,7 +15,7 @@ from specdec.contrastive import LI, OBRIEN, contrastive_distribution
 from specdec.contrastive_reference import last_logits
 from specdec.runtime.models import TINY_DRAFT, TINY_TARGET, build_tiny
 from specdec.sampling import SamplingParams
-from tests.service.test_contrastive_exact import params
+from tests.service._contrastive_helpers import params
 from tests.service.test_sampled_distribution import chi_square_p_value
 
 PROMPT = [31, 415, 92, 65]

@@ -8,47 +8,17 @@ from __future__ import annotations
 
 import threading
 
-import numpy as np
 import pytest
 
 from coordinator.loop import SpeculativeLoop
 from coordinator.policy import LoopPolicy
-from specdec import contrastive_reference
-from specdec.contrastive import LI, OBRIEN, ContrastiveParams
-from specdec.runtime.models import TINY_DRAFT, TINY_TARGET, build_tiny
+from specdec.contrastive import LI, OBRIEN
 from specdec.sampling import SamplingParams
+from tests.service._contrastive_helpers import params, reference
 
 GREEDY = SamplingParams()
 PROMPTS = [[1, 2, 3, 4, 5], [700, 12, 99]]
 N = 24
-
-
-def f32(x: float) -> float:
-    """What a float field carries on the wire: the reference must use the same value."""
-    return float(np.float32(x))
-
-
-def params(formulation: str = OBRIEN, alpha: float = 0.1, beta: float = 0.5,
-           amateur_temperature: float = 1.0) -> ContrastiveParams:
-    return ContrastiveParams(f32(alpha), f32(beta), f32(amateur_temperature), formulation)
-
-
-@pytest.fixture(scope="module")
-def models():
-    return build_tiny(TINY_TARGET).model, build_tiny(TINY_DRAFT).model
-
-
-@pytest.fixture(scope="module")
-def reference(models):
-    cache: dict = {}
-
-    def ref(prompt, p: ContrastiveParams, n: int = N) -> list[int]:
-        key = (tuple(prompt), p, n)
-        if key not in cache:
-            cache[key] = contrastive_reference.decode(*models, prompt, n, p)
-        return cache[key]
-
-    return ref
 
 
 @pytest.fixture()
@@ -63,7 +33,7 @@ FORM_IDS = ["obrien", "li", "li-Ta0.5", "obrien-a0.02-b1.5"]
 
 @pytest.mark.parametrize("p", FORMS, ids=FORM_IDS)
 @pytest.mark.parametrize("k", [0, 1, 4])
-def test_greedy_equals_the_in_process_reference(loop, reference, p, k):
+def test_greedy_equals_the_in_process_reference(loop, p, k):
     for prompt in PROMPTS:
         want = reference(prompt, p)
         result = loop.generate(prompt, N, GREEDY, num_draft_tokens=k, contrastive=p)
@@ -74,7 +44,7 @@ def test_greedy_equals_the_in_process_reference(loop, reference, p, k):
             assert stats.drafted_tokens > 0 and stats.rounds < N + 1
 
 
-def test_contrastive_is_not_target_greedy_and_its_limits_are(loop, reference):
+def test_contrastive_is_not_target_greedy_and_its_limits_are(loop):
     """The test has power: the contrastive choice differs from the target's own greedy
     output on these models; and its two limits are the target's greedy output (beta = 0:
     the expert alone on V_head, whose argmax is always in it; alpha = 1: V_head is the
@@ -87,8 +57,7 @@ def test_contrastive_is_not_target_greedy_and_its_limits_are(loop, reference):
         assert loop.generate(prompt, N, GREEDY, 3, contrastive=p).token_ids == target_only
 
 
-def test_the_pipelined_policy_still_gives_the_reference(draft_client, target_client,
-                                                        reference):
+def test_the_pipelined_policy_still_gives_the_reference(draft_client, target_client):
     """A coordinator whose speculative rounds pre-draft and exit early: contrastive rounds
     run without either and give the same tokens."""
     loop = SpeculativeLoop(draft_client, target_client,
@@ -99,7 +68,7 @@ def test_the_pipelined_policy_still_gives_the_reference(draft_client, target_cli
     assert result.stats.pipelined_rounds == 0 and result.stats.confidence_exits == 0
 
 
-def test_concurrent_contrastive_and_speculative_generations(loop, reference):
+def test_concurrent_contrastive_and_speculative_generations(loop):
     """Contrastive and speculative generations share the services' batched passes and
     still each give their own exact output."""
     p = params(OBRIEN)
@@ -122,8 +91,7 @@ def test_concurrent_contrastive_and_speculative_generations(loop, reference):
 
 
 @pytest.mark.parametrize("k", [0, 4])
-def test_lost_sessions_resync_without_changing_output(loop, reference, draft_server,
-                                                      target_server, k):
+def test_lost_sessions_resync_without_changing_output(loop, draft_server, target_server, k):
     """Evicting both sessions (and the amateur's kept logits) mid-generation costs a
     re-prefill, never a different token."""
     p = params(LI)
@@ -140,3 +108,45 @@ def test_lost_sessions_resync_without_changing_output(loop, reference, draft_ser
     result = loop.generate(PROMPTS[0], N, GREEDY, k, on_tokens=evict, contrastive=p)
     assert result.token_ids == reference(PROMPTS[0], p)
     assert result.stats.resyncs >= 2
+
+
+@pytest.mark.parametrize("k", [0, 4])
+def test_a_failed_draft_is_replaced_at_once_without_changing_output(target_client, k):
+    """Two draft replicas; the one serving the generation is stopped after round 2: the
+    round is repeated on the other (a fresh session, re-prefilled), and the tokens are
+    the reference's. Speculative decoding would fall back to target-only; contrastive
+    decoding cannot, so it moves."""
+    import grpc
+
+    from coordinator.clients import DraftClient
+    from coordinator.routing import Router
+    from draft_service.__main__ import create as create_draft
+    from draft_service.config import DraftConfig
+
+    servers = [create_draft(DraftConfig(model="tiny-random-draft", port=0)) for _ in "ab"]
+    for server, _, _ in servers:
+        server.start()
+    clients = {f"127.0.0.1:{port}": DraftClient(grpc.insecure_channel(f"127.0.0.1:{port}"),
+                                                deadline_s=5)
+               for _, port, _ in servers}
+    loop = SpeculativeLoop(Router.from_clients(clients), target_client,
+                           LoopPolicy(pipeline=False))
+    p = params(OBRIEN)
+    rounds, stopped = 0, []
+
+    def stop_the_busy_one(_tokens, _kinds):
+        nonlocal rounds
+        rounds += 1
+        if rounds == 2:
+            busy = next(s for s, _, e in servers if len(e.model.store))
+            busy.stop(0)
+            stopped.append(busy)
+
+    try:
+        result = loop.generate(PROMPTS[0], N, GREEDY, k, on_tokens=stop_the_busy_one,
+                               contrastive=p)
+        assert stopped and result.token_ids == reference(PROMPTS[0], p)
+        assert result.stats.draft_fallbacks >= 1  # the failure was met, and survived
+    finally:
+        for server, _, _ in servers:
+            server.stop(0)

@@ -1,0 +1,44 @@
+"""OpenVINO's dynamic quantization of activations over int8 weights: on (the plugin's
+default), a position's logits change with how many tokens its pass holds, and the backend
+says so; off, they depend on the prefix alone, which contrastive decoding's amateur needs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specdec.runtime.models import TINY_DRAFT
+from specdec.runtime.openvino_export import export_tiny
+from specdec.runtime.openvino_paged import PagedOpenVINOBackend
+
+PROMPT = [3, 1, 4, 1, 5, 9, 2, 6]
+TAIL = [7, 11, 13, 17, 19, 23]
+
+
+@pytest.fixture(scope="module")
+def ir_dir(tmp_path_factory):
+    return export_tiny(TINY_DRAFT, "int8", tmp_path_factory.mktemp("home"))
+
+
+def rows(backend, chunk: int) -> torch.Tensor:
+    """The logits after each token of TAIL, fed `chunk` tokens per pass."""
+    cache = backend.new_cache()
+    backend.forward(cache, PROMPT, keep_last=1)
+    out = []
+    for i in range(0, len(TAIL), chunk):
+        part = TAIL[i:i + chunk]
+        out.append(backend.forward(cache, part, keep_last=len(part)))
+    return torch.cat(out)
+
+
+@pytest.mark.parametrize("kind", [PagedOpenVINOBackend])
+def test_off_gives_logits_that_do_not_depend_on_the_pass(ir_dir, kind):
+    on = kind(ir_dir, "CPU", threads=1, model_id=TINY_DRAFT, compressed_weights=True)
+    off = kind(ir_dir, "CPU", threads=1, model_id=TINY_DRAFT, compressed_weights=True,
+               dynamic_quantization=False)
+    assert on.batch_dependent_logits and not off.batch_dependent_logits
+    one = rows(off, 1)
+    for chunk in (2, 3, 6):
+        assert torch.allclose(rows(off, chunk), one, atol=1e-4)
+    print("dynamic quantization on: max |logit change| with the pass size",
+          float((rows(on, 6) - rows(on, 1)).abs().max()))
