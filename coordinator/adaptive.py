@@ -10,6 +10,11 @@ sequential. With pipelined drafting, the next round's drafts are ready when Veri
 returns whenever all K are accepted and the bonus matches the draft's guess (probability
 ~a^(K+1)); such a round costs max((K+1) d, v(K)) instead (the draft proposes K+1: its
 guess at the bonus). The K with the best ratio wins.
+
+With `k_min = 0` (contrastive decoding, whose plain form is a real alternative) K = 0 may
+win: a round of one token at `v(0)`. Choosing it stops the acceptance measurements, so
+after `probe_every` such rounds one round drafts a single token, and the choice is made
+again from what it measured.
 """
 
 from __future__ import annotations
@@ -32,9 +37,12 @@ class AdaptiveK:
     draft_s_per_token: float | None = None
     verify_base_s: float | None = None
     verify_per_token_s: float = 0.0
+    k_min: int = 1  # 0: K = 0 (no drafts) is a choice too
+    probe_every: int = 16  # rounds at K = 0 before one round drafts again
+    _idle_rounds: int = 0
 
     def __post_init__(self) -> None:
-        self.k = max(1, min(self.k, self.k_max))
+        self.k = max(self.k_min, 1, min(self.k, self.k_max))
 
     def _ema(self, old: float | None, new: float) -> float:
         return ema(old, new, 1 - self.smoothing)
@@ -46,7 +54,12 @@ class AdaptiveK:
         Verify latencies."""
         if k <= 0:
             self.verify_base_s = self._ema(self.verify_base_s, verify_s)
+            if self.k == 0:
+                self._idle_rounds += 1
+                if self._idle_rounds >= self.probe_every:
+                    self._idle_rounds, self.k = 0, 1  # measure acceptance again
             return
+        self._idle_rounds = 0
         # Each round is accepted-many Bernoulli successes and at most one failure.
         trials = accepted + (1 if rejected else 0)
         if trials:
@@ -77,7 +90,7 @@ class AdaptiveK:
     def best(self) -> int:
         if self.draft_s_per_token is None:
             return self.k
-        return max(range(1, self.k_max + 1),
+        return max(range(self.k_min, self.k_max + 1),
                    key=lambda k: self.expected_tokens(k) / max(self.round_seconds(k), 1e-9))
 
 

@@ -149,14 +149,14 @@ class DraftClient(_ModelServiceClient):
     def propose(self, sync: SyncRequest, num_tokens: int, sampling: SamplingParams,
                 top_n: int = 0, meter: WireBytes | None = None,
                 exit_below: float = 0.0, cancel: Cancel | None = None,
-                keep_logits: bool = False) -> Proposal:
+                keep_logits: bool = False, min_p: float = 0.0) -> Proposal:
         """Raises grpc.RpcError, or grpc.FutureCancelledError once `cancel` was called (the
         draft then stops at its next token; its cache keeps what it had fed)."""
         req = draft_pb2.ProposeRequest(
             session_id=sync.session_id, keep_len=sync.keep_len, keep_digest=sync.keep_digest,
             new_tokens=sync.new_tokens, num_tokens=num_tokens,
             sampling=wire.sampling_to_proto(sampling), top_n=top_n, exit_below=exit_below,
-            keep_logits=keep_logits,
+            keep_logits=keep_logits, min_p=min_p,
         )
         started = time.perf_counter()
         self._network()

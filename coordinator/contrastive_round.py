@@ -71,8 +71,10 @@ def _round(gen, k: int, params: ContrastiveParams, round_seed: int,
     proposal, propose_s, draft_step_s = None, None, 0.0
     if k > 0:
         t0 = time.perf_counter()
+        # The amateur proposes from its own plausible set: the expert's acceptance is zero
+        # outside its V_head, and the two sets mostly agree (lossless whatever q is).
         proposal = gen.draft.propose(gen.committed, k, sampling, policy.top_n, 0.0,
-                                     keep_logits=True)
+                                     keep_logits=True, min_p=params.alpha)
         if proposal is None:
             raise AmateurUnavailable("contrastive decoding needs the draft service (the "
                                      "amateur), which is failing; retry later")
@@ -88,8 +90,8 @@ def _round(gen, k: int, params: ContrastiveParams, round_seed: int,
         feed.exception()  # let the draft's call end; the target's error is the one to see
         raise
     feed.result()
-    verify_s = time.perf_counter() - t0
     amateur = gen.draft.score(seq, expert.heads, params)
+    verify_s = time.perf_counter() - t0  # the round's cost beyond drafting (adaptive K)
     gen.record.heads([len(h.token_ids) for h in expert.heads])
     ids = [int(h.token_ids.max()) for h in expert.heads] + drafts
     qs = None

@@ -129,13 +129,15 @@ class DraftLink(Link):
         self.retry_at = time.monotonic() + backoff_s(self.backoff_base_s, self.failures, 5)
 
     def propose(self, committed: TokenPrefix, k: int, sampling: SamplingParams, top_n: int,
-                exit_below: float, keep_logits: bool = False) -> Proposal | None:
+                exit_below: float, keep_logits: bool = False,
+                min_p: float = 0.0) -> Proposal | None:
         """k tokens from the draft on top of the committed ids; None while it is failing."""
         if not self.ready():
             return None
         try:
             proposal = self.call(committed, lambda client, sync: client.propose(
-                sync, k, sampling, top_n, self.meter, exit_below, keep_logits=keep_logits))
+                sync, k, sampling, top_n, self.meter, exit_below, keep_logits=keep_logits,
+                min_p=min_p))
         except grpc.RpcError as e:
             self.failed(e)
             return None

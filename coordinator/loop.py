@@ -101,12 +101,18 @@ class SpeculativeLoop:
         speculative = contrastive is None and num_draft_tokens > 0 and self.draft is not None
         adaptive = AdaptiveK(max(1, k_max), num_draft_tokens, self.policy.pipeline) \
             if self.policy.adaptive_k and speculative else None
+        if contrastive is not None and num_draft_tokens > 0 and \
+                (self.policy.adaptive_k or load_aware):
+            # K left to the server (or --adaptive-k): measured per generation. Contrastive
+            # rounds are never pipelined, and the plain form (K = 0) competes.
+            adaptive = AdaptiveK(max(1, self.max_propose), num_draft_tokens, False, k_min=0)
         load_k = self.load_k if load_aware and speculative and adaptive is None else None
         if contrastive is not None and self.draft is None:
             raise FailedPrecondition("contrastive decoding needs a draft service (the "
                                      "amateur); this coordinator runs target-only")
         gen = Generation(self, list(prompt_ids), sampling,
-                         max(num_draft_tokens, k_max if adaptive else 0), stats, contrastive)
+                         max(num_draft_tokens, adaptive.k_max if adaptive else 0), stats,
+                         contrastive)
         gen.record.started()
         t0 = time.perf_counter()
         try:

@@ -37,6 +37,7 @@ class ProposeArgs(SyncRequest):
     top_n: int = 0  # 0 = the engine's default
     exit_below: float = 0.0  # confidence exit: stop after a token drawn with prob < this
     keep_logits: bool = False  # keep each step's logits for a later Score (contrastive)
+    min_p: float = 0.0  # propose only tokens with q >= min_p * max q (0 = off)
 
 
 @dataclass
@@ -67,6 +68,7 @@ class DraftEngine:
         require(args.top_n >= 0, f"top_n must be >= 0 (0 = default), got {args.top_n}")
         require(0.0 <= args.exit_below <= 1.0,
                 f"exit_below must be in [0, 1] (0 = off), got {args.exit_below}")
+        require(0.0 <= args.min_p <= 1.0, f"min_p must be in [0, 1] (0 = off), got {args.min_p}")
         # The cache will hold the new tokens and K - 1 drafts.
         self.model.check_sync(args, extra_positions=k - 1)
         return args.top_n or self.default_top_n
@@ -107,6 +109,9 @@ class DraftEngine:
                             if args.exit_below > 0 else 1.0
                     else:
                         ids, q = truncate(process_logits(logits, params), top_n)
+                        if args.min_p > 0:  # q is sorted, most likely first
+                            n = int((q >= args.min_p * q[0]).sum())
+                            ids, q = ids[:n], q[:n] / q[:n].sum()
                         j = sample(q, gen)
                         x, confidence = int(ids[j]), float(q[j])
                         dists.append(SparseQ(ids, q))

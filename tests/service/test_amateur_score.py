@@ -139,3 +139,21 @@ def test_bad_contrastive_verify_gets_invalid_argument(target_stub, draft_stub):
     req.contrastive.beta = -1.0
     assert_status(lambda: target_stub.Verify(req), grpc.StatusCode.INVALID_ARGUMENT,
                   "beta must be a finite number >= 0")
+
+
+def test_propose_min_p_keeps_the_amateurs_plausible_set(draft_stub):
+    """min_p cuts each q to {x : q(x) >= min_p * max q}, renormalised: the dists sent
+    are exactly what was sampled from."""
+    plain = draft_stub.Propose(propose_req(sid(), PROMPT, k=3, sampling=SAMPLED))
+    req = propose_req(sid(), PROMPT, k=3, sampling=SAMPLED)
+    req.min_p = 0.1
+    cut = draft_stub.Propose(req)
+    for d, full in zip(cut.dists, plain.dists, strict=False):
+        probs = list(d.probs)
+        assert min(probs) >= 0.1 * max(probs) - 1e-6 and abs(sum(probs) - 1) < 1e-5
+        assert len(probs) < len(full.probs)
+    for i, (x, d) in enumerate(zip(cut.tokens, cut.dists, strict=True)):
+        assert x in d.token_ids, i
+    req.min_p = 1.5
+    assert_status(lambda: draft_stub.Propose(req), grpc.StatusCode.INVALID_ARGUMENT,
+                  "min_p must be in [0, 1]")

@@ -19,7 +19,7 @@ from tests.service._contrastive_helpers import params
 from tests.service.test_sampled_distribution import chi_square_p_value
 
 PROMPT = [31, 415, 92, 65]
-TRIALS = 1500
+TRIALS = 1200
 
 
 def contrastive_joint(p, temperature: float, n: int = 2) -> dict[tuple[int, ...], float]:

@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from coordinator.loop import SpeculativeLoop
+from coordinator.loop import LoopStats, SpeculativeLoop
 from coordinator.policy import LoopPolicy
 from specdec.contrastive import LI, OBRIEN
 from specdec.sampling import SamplingParams
@@ -150,3 +150,16 @@ def test_a_failed_draft_is_replaced_at_once_without_changing_output(target_clien
     finally:
         for server, _, _ in servers:
             server.stop(0)
+
+
+def test_k_left_to_the_server_adapts_and_stays_exact(loop):
+    """With K left to the server, contrastive rounds choose K per round (the plain form,
+    K = 0, among the choices): Li et al.'s form rejects nearly every tiny draft, so it
+    settles on K = 0 and probes now and then; the tokens are the reference's."""
+    p = params(LI)
+    stats = LoopStats()
+    ids = [t for out in loop.rounds(PROMPTS[0], 64, GREEDY, 4, (), stats, load_aware=True,
+                                    contrastive=p) for t in out.tokens]
+    assert ids == reference(PROMPTS[0], p, 64)
+    assert stats.k_per_round[0] == 4 and 0 in stats.k_per_round
+    assert stats.k_per_round.count(0) > len(stats.k_per_round) // 2

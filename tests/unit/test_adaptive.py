@@ -83,3 +83,24 @@ def test_confidence_exit_moves_smoothly_towards_the_target():
     assert ce.acceptance == pytest.approx(0.75)
     ce.observe(4, 4)  # 0.875 > 0.8: down
     assert ce.threshold == pytest.approx(0.3 + 0.5 * 0.05)
+
+
+def test_k_min_0_chooses_no_drafts_when_they_do_not_pay_and_probes_again():
+    """Contrastive decoding: drafts that are mostly rejected and cost as much as the target
+    lose to the plain form (K = 0); after probe_every plain rounds one round drafts again,
+    and good acceptance brings K back."""
+    adaptive = AdaptiveK(k_max=8, k=4, k_min=0, probe_every=3)
+    for _ in range(6):
+        adaptive.observe(0, 0, False, None, 0.050)  # plain rounds: 50 ms
+        adaptive.observe(4, 0, True, 0.160, 0.070)  # 40 ms per draft, none accepted
+    assert adaptive.k == 0
+    for _ in range(2):
+        adaptive.observe(0, 0, False, None, 0.050)
+    assert adaptive.k == 0
+    adaptive.observe(0, 0, False, None, 0.050)
+    assert adaptive.k == 1  # the probe
+    for _ in range(8):
+        adaptive.observe(adaptive.k or 1, adaptive.k or 1, False, 0.005 * (adaptive.k or 1),
+                         0.055)  # cheap drafts, all accepted
+    assert adaptive.k >= 4
+    assert AdaptiveK(k_max=8, k=4).k_min == 1  # speculative decoding never picks 0
