@@ -75,6 +75,7 @@ class Recorder:
         """A contrastive round scored V_heads of these sizes."""
         self.stats.head_positions += len(sizes)
         self.stats.head_ids += sum(sizes)
+        self.metrics.heads(sizes)
 
     def round(self, result: RoundResult, seconds: float) -> None:
         s = self.stats

@@ -238,6 +238,7 @@ class LoopMetrics:
     def target_repin(self) -> None: ...
     def predraft(self, used: bool) -> None: ...
     def confidence_exit(self) -> None: ...
+    def heads(self, sizes: list[int]) -> None: ...
 
     def close(self) -> None:
         pass
@@ -267,6 +268,11 @@ class PrometheusLoopMetrics(_Exporter, LoopMetrics):
             "specdec_coordinator_round_draft_tokens",
             "Drafts verified per round: the K chosen (load-aware K shrinks it under load; "
             "0 = a target-only round).", buckets=K_BUCKETS, registry=r)
+        self.head_size = Histogram(
+            "specdec_coordinator_contrastive_head_size",
+            "Contrastive decoding: |V_head|, the expert's plausible set, per position "
+            "scored (its ids and values cross the wire).",
+            buckets=(1, 2, 3, 5, 8, 13, 21, 34, 64, 128, 512), registry=r)
         self.rpc_seconds = Histogram(
             "specdec_coordinator_rpc_duration_seconds",
             "Duration of one Propose or Verify attempt, as the coordinator sees it.",
@@ -336,3 +342,7 @@ class PrometheusLoopMetrics(_Exporter, LoopMetrics):
 
     def confidence_exit(self) -> None:
         self.confidence_exits.inc()
+
+    def heads(self, sizes: list[int]) -> None:
+        for n in sizes:
+            self.head_size.observe(n)

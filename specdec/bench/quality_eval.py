@@ -19,10 +19,12 @@ from dataclasses import dataclass
 from specdec.bench import harness
 from specdec.bench.harness import Sample
 from specdec.bench.system import SystemScenario
+from specdec.client.request import DECODINGS, build_request
+from specdec.client.request import FORMULATIONS as FORMULATION_NAMES
 from specdec.sampling import SamplingParams
 
-SPECULATIVE, CONTRASTIVE = "speculative", "contrastive"
-FORMULATIONS = ("obrien", "li")  # common_pb2.ContrastiveFormulation, in enum order
+SPECULATIVE, CONTRASTIVE = DECODINGS  # the modes' names, as the client takes them
+FORMULATIONS = tuple(FORMULATION_NAMES)
 
 
 @dataclass(frozen=True)
@@ -31,6 +33,7 @@ class Mode:
     decoding: str  # SPECULATIVE (the target's distribution) or CONTRASTIVE
     k: int  # draft tokens per round; 0 = target-only / the plain contrastive form
     temperature: float  # 0 = greedy
+    server_k: bool = False  # K left to the server (contrastive: chosen per round, 0 too)
 
     @property
     def contrastive(self) -> bool:
@@ -45,12 +48,14 @@ class Mode:
         how = "greedy" if self.greedy else f"sampled T={self.temperature:g}"
         if self.contrastive:
             form = "plain" if self.k == 0 else f"speculative K={self.k}"
+            if self.server_k:
+                form = "K chosen per round"
             return f"contrastive {how}, {form}"
         return f"target-only {how}" if self.k == 0 else f"speculative {how}, K={self.k}"
 
 
 MODE_KEYS = ("greedy", "sampled", "spec-sampled", "cd-greedy", "cd-greedy-spec",
-             "cd-sampled", "cd-sampled-spec")
+             "cd-greedy-auto", "cd-sampled", "cd-sampled-spec", "cd-sampled-auto")
 
 
 def modes(k: int = 4, temperature: float = 1.0,
@@ -62,8 +67,11 @@ def modes(k: int = 4, temperature: float = 1.0,
         "spec-sampled": Mode("spec-sampled", SPECULATIVE, k, temperature),
         "cd-greedy": Mode("cd-greedy", CONTRASTIVE, 0, 0.0),
         "cd-greedy-spec": Mode("cd-greedy-spec", CONTRASTIVE, k, 0.0),
+        "cd-greedy-auto": Mode("cd-greedy-auto", CONTRASTIVE, k, 0.0, server_k=True),
         "cd-sampled": Mode("cd-sampled", CONTRASTIVE, 0, temperature),
         "cd-sampled-spec": Mode("cd-sampled-spec", CONTRASTIVE, k, temperature),
+        "cd-sampled-auto": Mode("cd-sampled-auto", CONTRASTIVE, k, temperature,
+                                server_k=True),
     }
     unknown = [x for x in keys if x not in table]
     if unknown:
@@ -75,6 +83,7 @@ def modes(k: int = 4, temperature: float = 1.0,
 # (scenario, baseline) mode keys whose tok/s ratio the eval reports (harness.speedup);
 # the first is issue 14's: the speculative contrastive form against the plain form.
 COMPARISONS = [("cd-greedy-spec", "cd-greedy"), ("cd-sampled-spec", "cd-sampled"),
+               ("cd-greedy-auto", "cd-greedy"), ("cd-sampled-auto", "cd-sampled"),
                ("spec-sampled", "sampled"), ("cd-greedy", "greedy")]
 
 
@@ -88,14 +97,6 @@ class ContrastiveSettings:
     amateur_temperature: float | None = None
     formulation: str = "obrien"
 
-    def to_proto(self):
-        from specdec.v1 import common_pb2
-
-        set_ = {f: v for f in ("alpha", "beta", "amateur_temperature")
-                if (v := getattr(self, f)) is not None}
-        return common_pb2.ContrastiveParams(formulation=FORMULATIONS.index(self.formulation),
-                                            **set_)
-
 
 @dataclass
 class EvalSample(Sample):
@@ -107,18 +108,19 @@ class EvalSample(Sample):
 
 def request(prompt: str, max_new_tokens: int, sampling: SamplingParams, mode: Mode | None,
             settings: ContrastiveSettings | None = None):
-    """A raw-text GenerateRequest in `mode` (None: a plain one, for tokenizing)."""
-    from specdec import wire
-    from specdec.v1 import generate_pb2
-
-    req = generate_pb2.GenerateRequest(prompt=prompt, max_new_tokens=max_new_tokens,
-                                       sampling=wire.sampling_to_proto(sampling))
+    """A raw-text GenerateRequest in `mode` (None: a plain one, for tokenizing), built by
+    the client library's one request builder."""
+    options = dict(max_new_tokens=max_new_tokens, temperature=sampling.temperature,
+                   top_k=sampling.top_k, top_p=sampling.top_p, seed=sampling.seed)
     if mode is not None:
-        req.num_draft_tokens = mode.k
+        if not mode.server_k:
+            options["num_draft_tokens"] = mode.k
         if mode.contrastive:
-            req.decoding = generate_pb2.DECODING_CONTRASTIVE
-            req.contrastive.CopyFrom((settings or ContrastiveSettings()).to_proto())
-    return req
+            s = settings or ContrastiveSettings()
+            options.update(decoding=CONTRASTIVE, alpha=s.alpha, beta=s.beta,
+                           amateur_temperature=s.amateur_temperature,
+                           formulation=s.formulation)
+    return build_request(prompt, **options)
 
 
 def prompt_ids(service, prompt: str) -> list[int]:

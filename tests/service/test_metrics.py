@@ -13,6 +13,7 @@ from coordinator.clients import DraftClient, TargetClient
 from coordinator.loop import SpeculativeLoop
 from coordinator.policy import LoopPolicy
 from coordinator.routing import Router
+from specdec.contrastive import ContrastiveParams
 from specdec.metrics import PrometheusLoopMetrics
 from specdec.sampling import SamplingParams
 from specdec.verify import TokenKind
@@ -232,3 +233,22 @@ def test_faults_are_counted_where_the_loop_counts_them(services):
     assert c("specdec_spec_decode_num_accepted_tokens_total") == stats.accepted_tokens
     assert c("specdec_coordinator_round_duration_seconds_count") == stats.rounds
     assert c.after("specdec_coordinator_active_generations") == 0
+
+
+def test_contrastive_rounds_report_the_plausible_set_sizes(services):
+    (d_addr, _), (t_addr, _) = services
+    loop_metrics = PrometheusLoopMetrics()
+    c_port = loop_metrics.serve(free_port(), "127.0.0.1")
+    try:
+        with grpc.insecure_channel(d_addr) as d_ch, grpc.insecure_channel(t_addr) as t_ch:
+            loop = SpeculativeLoop(DraftClient(d_ch), TargetClient(t_ch),
+                                   LoopPolicy(pipeline=False), metrics=loop_metrics)
+            before = Samples(c_port)
+            result = loop.generate(PROMPT, 12, GREEDY, num_draft_tokens=2,
+                                   contrastive=ContrastiveParams())
+            c = Delta(before, Samples(c_port))
+    finally:
+        loop_metrics.close()
+    stats = result.stats
+    assert c("specdec_coordinator_contrastive_head_size_count") == stats.head_positions > 0
+    assert c("specdec_coordinator_contrastive_head_size_sum") == stats.head_ids

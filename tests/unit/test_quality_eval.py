@@ -207,3 +207,14 @@ def test_verdict_below_the_target_and_without_the_pair():
     assert "1.10x" in quality_report.verdict([slow]) and "NOT met" in \
         quality_report.verdict([slow]) and "identical ids on 5" in quality_report.verdict([slow])
     assert quality_report.verdict([]) is None
+
+
+def test_the_auto_modes_leave_k_to_the_server():
+    from specdec.bench.quality_eval import modes, request
+    from specdec.v1 import generate_pb2
+
+    m = {x.key: x for x in modes()}
+    auto = request("Once", 16, SamplingParams(), m["cd-greedy-auto"])
+    assert not auto.HasField("num_draft_tokens")
+    assert auto.decoding == generate_pb2.DECODING_CONTRASTIVE
+    assert m["cd-sampled-auto"].name == "contrastive sampled T=1, K chosen per round"
