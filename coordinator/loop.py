@@ -115,10 +115,14 @@ class SpeculativeLoop:
                          contrastive)
         gen.record.started()
         t0 = time.perf_counter()
+        between = 0.0  # the last gap between rounds (the consumer, the detokenizer, ...)
+        round_end = None
         try:
             while True:
                 remaining = max_new_tokens - gen.generated
                 started = time.perf_counter()
+                if round_end is not None:
+                    between = started - round_end
                 k = adaptive.k if adaptive else num_draft_tokens
                 if load_k is not None:
                     k = load_k.choose(num_draft_tokens)
@@ -132,9 +136,16 @@ class SpeculativeLoop:
                                         result.propose_s if gen.round_index > 1 else None,
                                         result.proposed, *result.target_pass,
                                         draft_step_s=result.draft_step_s)
+                round_end = time.perf_counter()
                 if adaptive is not None and gen.round_index > 1:  # round 1 is mostly prefill
+                    verify_s = result.verify_s
+                    if contrastive is not None:
+                        # Its plain form competes, at three calls per token: the whole
+                        # cycle beyond drafting counts, not the Verify alone (a round's
+                        # fixed cost would otherwise make K = 0 look cheaper than it is).
+                        verify_s = round_end - started - (result.propose_s or 0.0) + between
                     adaptive.observe(result.k, result.decision.num_accepted, result.rejected,
-                                     result.propose_s, result.verify_s, result.proposed)
+                                     result.propose_s, verify_s, result.proposed)
                 tokens = result.decision.tokens[:remaining]
                 kinds = result.decision.kinds[:remaining]
                 stop = next((i for i, t in enumerate(tokens) if t in eos_token_ids), None)
