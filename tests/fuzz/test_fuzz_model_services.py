@@ -130,6 +130,25 @@ def start_session(stack, service: str, session_id: str, prefix: list[int]) -> No
         assert_client_error(err)
 
 
+def fuzz_call(stack, service: str, case, rpc, make_request, check) -> None:
+    """One fuzz case: hold its prefix in a session (if any), send the request, and check
+    the answer: a well-formed reply (`check(req, resp)`) or a client error with a message.
+    Every session is released after."""
+    values, prefix = case
+    if prefix is not None:
+        start_session(stack, service, values["session_id"], prefix)
+    req = make_request(values)
+    try:
+        resp = rpc(req, timeout=RPC_TIMEOUT_S)
+    except grpc.RpcError as err:
+        assert_client_error(err)
+    else:
+        event("OK")
+        check(req, resp)
+    finally:
+        stack.release_all()
+
+
 @pytest.fixture()
 def fuzz_services(stack):
     """The stack, checked healthy (exact answers, no session) after the test."""
@@ -184,20 +203,8 @@ def propose_case(prefix=None, **values):
 @example(case=propose_case(prefix=[5, 6, 7], keep_len=3, keep_digest=digest.digest([5, 6, 7]),
                            new_tokens=[8], num_tokens=16))
 def test_propose_fuzz(fuzz_services, case):
-    stack = fuzz_services
-    values, prefix = case
-    if prefix is not None:
-        start_session(stack, "draft", values["session_id"], prefix)
-    req = draft_pb2.ProposeRequest(**values)
-    try:
-        resp = stack.draft.Propose(req, timeout=RPC_TIMEOUT_S)
-    except grpc.RpcError as err:
-        assert_client_error(err)
-    else:
-        event("OK")
-        check_propose(req, resp)
-    finally:
-        stack.release_all()
+    fuzz_call(fuzz_services, "draft", case, fuzz_services.draft.Propose,
+              lambda values: draft_pb2.ProposeRequest(**values), check_propose)
 
 
 # -- Verify -------------------------------------------------------------------------------
@@ -228,29 +235,22 @@ VERIFY = sync_request(
                                                       probs=[5e-324, 1.0])],
                 "round_seed": 2**64 - 1}, None))
 def test_verify_fuzz(fuzz_services, case):
-    stack = fuzz_services
-    values, prefix = case
-    if prefix is not None:
-        start_session(stack, "target", values["session_id"], prefix)
+    values, _ = case
     if values["draft_dists"] == "valid":
         greedy = values["sampling"].temperature == 0
         values["draft_dists"] = [] if greedy else \
             valid_dists_for(values["new_tokens"], values["num_draft"])
-    req = target_pb2.VerifyRequest(**values)
-    try:
-        resp = stack.target.Verify(req, timeout=RPC_TIMEOUT_S)
-    except grpc.RpcError as err:
-        assert_client_error(err)
-    else:
-        event("OK")
-        k = req.num_draft
-        assert len(resp.target_probs) == len(resp.recovered_tokens) == k
-        assert all(0.0 <= p <= 1.0 + 1e-6 for p in resp.target_probs)
-        assert all(0 <= t < VOCAB for t in resp.recovered_tokens)
-        assert 0 <= resp.bonus_token < VOCAB
-        assert resp.cached_len == req.keep_len + len(req.new_tokens)
-    finally:
-        stack.release_all()
+    fuzz_call(fuzz_services, "target", case, fuzz_services.target.Verify,
+              lambda v: target_pb2.VerifyRequest(**v), check_verify)
+
+
+def check_verify(req: target_pb2.VerifyRequest, resp: target_pb2.VerifyResponse) -> None:
+    k = req.num_draft
+    assert len(resp.target_probs) == len(resp.recovered_tokens) == k
+    assert all(0.0 <= p <= 1.0 + 1e-6 for p in resp.target_probs)
+    assert all(0 <= t < VOCAB for t in resp.recovered_tokens)
+    assert 0 <= resp.bonus_token < VOCAB
+    assert resp.cached_len == req.keep_len + len(req.new_tokens)
 
 
 # -- contrastive decoding: Verify's heads and the draft's Score ---------------------------
@@ -280,50 +280,35 @@ SCORE = sync_request(
                 "heads": [common_pb2.HeadValues(token_ids=[2**31 - 1])],
                 "contrastive": common_pb2.ContrastiveParams(alpha=math.nan)}, None))
 def test_score_fuzz(fuzz_services, case):
-    stack = fuzz_services
-    values, prefix = case
-    if prefix is not None:
-        start_session(stack, "draft", values["session_id"], prefix)
-    req = draft_pb2.ScoreRequest(**values)
-    try:
-        resp = stack.draft.Score(req, timeout=RPC_TIMEOUT_S)
-    except grpc.RpcError as err:
-        assert_client_error(err)
-    else:
-        event("OK")
-        assert len(resp.values) == len(req.heads)
-        for h, v in zip(req.heads, resp.values, strict=True):
-            assert len(v.values) == len(h.token_ids) and not v.token_ids
-            assert all(not math.isnan(x) for x in v.values)
-        assert resp.cached_len == req.keep_len + len(req.new_tokens)
-    finally:
-        stack.release_all()
+    fuzz_call(fuzz_services, "draft", case, fuzz_services.draft.Score,
+              lambda values: draft_pb2.ScoreRequest(**values), check_score)
+
+
+def check_score(req: draft_pb2.ScoreRequest, resp: draft_pb2.ScoreResponse) -> None:
+    assert len(resp.values) == len(req.heads)
+    for h, v in zip(req.heads, resp.values, strict=True):
+        assert len(v.values) == len(h.token_ids) and not v.token_ids
+        assert all(not math.isnan(x) for x in v.values)
+    assert resp.cached_len == req.keep_len + len(req.new_tokens)
 
 
 @examples(60)
 @given(case=VERIFY, contrastive=st.one_of(VALID_CONTRASTIVE, CONTRASTIVE))
 def test_contrastive_verify_fuzz(fuzz_services, case, contrastive):
-    stack = fuzz_services
-    values, prefix = case
-    if prefix is not None:
-        start_session(stack, "target", values["session_id"], prefix)
+    values, _ = case
     if values["draft_dists"] == "valid":
         values["draft_dists"] = []
-    req = target_pb2.VerifyRequest(**values, contrastive=contrastive)
-    try:
-        resp = stack.target.Verify(req, timeout=RPC_TIMEOUT_S)
-    except grpc.RpcError as err:
-        assert_client_error(err)
-    else:
-        event("OK")
-        assert len(resp.heads) == max(req.num_draft, 0) + 1 and not resp.target_probs
-        for h in resp.heads:
-            assert len(h.token_ids) == len(h.values) >= 1
-            assert list(h.token_ids) == sorted(set(h.token_ids))
-            assert all(0 <= t < VOCAB for t in h.token_ids)
-            assert all(math.isfinite(x) for x in h.values)
-    finally:
-        stack.release_all()
+    fuzz_call(fuzz_services, "target", case, fuzz_services.target.Verify,
+              lambda v: target_pb2.VerifyRequest(**v, contrastive=contrastive), check_heads)
+
+
+def check_heads(req: target_pb2.VerifyRequest, resp: target_pb2.VerifyResponse) -> None:
+    assert len(resp.heads) == max(req.num_draft, 0) + 1 and not resp.target_probs
+    for h in resp.heads:
+        assert len(h.token_ids) == len(h.values) >= 1
+        assert list(h.token_ids) == sorted(set(h.token_ids))
+        assert all(0 <= t < VOCAB for t in h.token_ids)
+        assert all(math.isfinite(x) for x in h.values)
 
 
 # -- Release and Info ---------------------------------------------------------------------

@@ -39,3 +39,20 @@ def draft_stub(draft_channel):
 @pytest.fixture()
 def target_stub(target_channel):
     return target_pb2_grpc.TargetServiceStub(target_channel)
+
+
+def evict_at(rounds: tuple[int, ...], *servers):
+    """An on_tokens callback that releases every idle session of these (address, engine)
+    servers after the given rounds (numbered from 1): a lost-session fault."""
+    seen = 0
+
+    def evict(_tokens, _kinds):
+        nonlocal seen
+        seen += 1
+        if seen in rounds:
+            for _, engine in servers:
+                store = engine.model.store
+                for session_id in list(store._idle):
+                    store.release(session_id)
+
+    return evict

@@ -15,6 +15,7 @@ from coordinator.policy import LoopPolicy
 from specdec.contrastive import LI, OBRIEN
 from specdec.sampling import SamplingParams
 from tests.service._contrastive_helpers import params, reference
+from tests.service.conftest import evict_at
 
 GREEDY = SamplingParams()
 PROMPTS = [[1, 2, 3, 4, 5], [700, 12, 99]]
@@ -95,16 +96,7 @@ def test_lost_sessions_resync_without_changing_output(loop, draft_server, target
     """Evicting both sessions (and the amateur's kept logits) mid-generation costs a
     re-prefill, never a different token."""
     p = params(LI)
-    rounds = 0
-
-    def evict(_tokens, _kinds):
-        nonlocal rounds
-        rounds += 1
-        if rounds in (2, 5):
-            for store in (draft_server[1].model.store, target_server[1].model.store):
-                for session_id in list(store._idle):
-                    store.release(session_id)
-
+    evict = evict_at((2, 5), draft_server, target_server)
     result = loop.generate(PROMPTS[0], N, GREEDY, k, on_tokens=evict, contrastive=p)
     assert result.token_ids == reference(PROMPTS[0], p)
     assert result.stats.resyncs >= 2

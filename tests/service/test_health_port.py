@@ -60,7 +60,9 @@ def test_health_port_answers_in_plaintext_and_serves_nothing_else(tmp_path):
             except grpc.RpcError as e:
                 status = e.code()
             time.sleep(0.02)
-        assert status in (NOT_SERVING, grpc.StatusCode.UNAVAILABLE)
+        # A probe in flight as the server closes its connections ends CANCELLED (seen
+        # once in make test); it is "no answer" too.
+        assert status in (NOT_SERVING, grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
         assert proc.proc.wait(10) == 0, proc.output[-2000:]  # and it exits cleanly
     finally:
         if proc.proc.poll() is None:

@@ -10,6 +10,7 @@ from coordinator.loop import SpeculativeLoop
 from coordinator.policy import LoopPolicy
 from specdec.sampling import SamplingParams
 from specdec.verify import TokenKind
+from tests.service.conftest import evict_at
 
 PROMPTS = [[1, 2, 3, 4, 5], [700, 12, 99], [42]]
 GREEDY = SamplingParams()
@@ -61,16 +62,7 @@ def test_lost_sessions_resync_without_changing_output(loop, draft_server, target
     """Evicting both sessions mid-generation costs a re-prefill, never a different token."""
     prompt = [5, 6, 7, 8]
     baseline = loop.generate(prompt, 40, GREEDY, num_draft_tokens=0)
-    rounds = 0
-
-    def evict(_tokens, _kinds):
-        nonlocal rounds
-        rounds += 1
-        if rounds in (2, 5):
-            for store in (draft_server[1].model.store, target_server[1].model.store):
-                for session_id in list(store._idle):
-                    store.release(session_id)
-
+    evict = evict_at((2, 5), draft_server, target_server)
     result = loop.generate(prompt, 40, GREEDY, num_draft_tokens=4, on_tokens=evict)
     assert result.token_ids == baseline.token_ids
     assert result.stats.resyncs >= 4
