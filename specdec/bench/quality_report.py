@@ -43,14 +43,15 @@ def _same(c: Comparison) -> str:
 
 def rows_table(rows: list[ModeRow]) -> list[str]:
     head = ["mode", "gens", "texts", "tokens/gen"] + [t for _, t, _ in MEASURES] + \
-        ["mean abs V_head", "acceptance", "same ids every seed"]
+        ["mean abs V_head", "acceptance", "wire bytes/token", "same ids every seed"]
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         tps = (f"{_fmt(r.tokens_per_s, '.1f')} ({_fmt(r.tokens_per_s_min, '.1f')}-"
                f"{_fmt(r.tokens_per_s_max, '.1f')})")
         cells = [r.name, str(r.generations), str(r.texts_scored), _fmt(r.mean_tokens, ".1f"),
                  tps] + [_fmt(getattr(r, f), spec) for f, _, spec in MEASURES[1:]] + \
-            [_fmt(r.mean_head_size, ".2f"), _fmt(r.acceptance, ".2f"), _yes(r.deterministic)]
+            [_fmt(r.mean_head_size, ".2f"), _fmt(r.acceptance, ".2f"),
+             _fmt(r.bytes_per_token, ".0f"), _yes(r.deterministic)]
         out.append("| " + " | ".join(cells) + " |")
     return out
 
@@ -118,7 +119,7 @@ def markdown(rows: list[ModeRow], comparisons: list[Comparison], meta: dict,
 
 def sample_dicts(samples: list, loglik=None) -> list[dict]:
     keep = ("mode", "scenario", "prompt", "repeat", "temperature", "tokens", "seconds",
-            "text", "token_ids", "mean_head_size", "drafted", "accepted")
+            "wire_bytes", "text", "token_ids", "mean_head_size", "drafted", "accepted")
     out = []
     for s in samples:
         d = {k: getattr(s, k) for k in keep}

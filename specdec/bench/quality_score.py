@@ -77,6 +77,8 @@ class ModeRow:
     mean_head_size: float | None = None  # contrastive modes: mean over generations
     acceptance: float | None = None  # K > 0: accepted / drafted
     deterministic: bool | None = None  # greedy: every seed gave the same ids
+    # Both hops (the clients' byte meter), prefill included, over generated tokens.
+    bytes_per_token: float | None = None
 
 
 @dataclass
@@ -114,6 +116,8 @@ def mode_row(mode: Mode, group: list[EvalSample], loglik: LogLik | None) -> Mode
         quality.corpus_ngram_entropy(texts, 1), quality.corpus_ngram_entropy(texts, 2),
         quality.corpus_ngram_entropy(texts, 3), _mean([quality.seq_rep(t, 4) for t in texts]),
         _mean([loglik(s.prompt, s.token_ids) for s in scored]) if loglik else None)
+    tokens = sum(s.tokens for s in group)
+    row.bytes_per_token = sum(s.wire_bytes for s in group) / tokens if tokens else None
     if mode.contrastive:
         row.mean_head_size = _mean([s.mean_head_size for s in group])
     if mode.k:

@@ -218,3 +218,14 @@ def test_the_auto_modes_leave_k_to_the_server():
     assert not auto.HasField("num_draft_tokens")
     assert auto.decoding == generate_pb2.DECODING_CONTRASTIVE
     assert m["cd-sampled-auto"].name == "contrastive sampled T=1, K chosen per round"
+
+
+def test_rows_report_wire_bytes_per_generated_token():
+    from specdec.bench.quality_eval import EvalSample, modes
+    from specdec.bench.quality_score import mode_row
+
+    mode = {m.key: m for m in modes()}["cd-greedy"]
+    group = [EvalSample(mode.name, "p", 10, 1.0, wire_bytes=3000, mode=mode.key, text="a b"),
+             EvalSample(mode.name, "p", 20, 1.0, wire_bytes=3000, mode=mode.key, text="a b",
+                        repeat=1)]
+    assert mode_row(mode, group, None).bytes_per_token == 200
