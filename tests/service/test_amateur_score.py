@@ -9,6 +9,7 @@ import math
 import uuid
 
 import grpc
+import pytest
 import torch
 
 from specdec import digest
@@ -23,8 +24,22 @@ LI = common_pb2.ContrastiveParams(formulation=common_pb2.CONTRASTIVE_FORMULATION
 OBRIEN = common_pb2.ContrastiveParams()  # the defaults: alpha 0.1, beta 0.5
 
 
+CREATED: list[str] = []
+
+
 def sid() -> str:
-    return uuid.uuid4().hex
+    CREATED.append(uuid.uuid4().hex)
+    return CREATED[-1]
+
+
+@pytest.fixture(autouse=True)
+def release_sessions(draft_stub, target_stub):
+    """The servers are shared with later tests, which count sessions: free every one."""
+    yield
+    while CREATED:
+        session_id = CREATED.pop()
+        for stub in (draft_stub, target_stub):
+            stub.Release(common_pb2.ReleaseRequest(session_id=session_id))
 
 
 def score_req(session_id, new_tokens, heads, keep_len=0, prefix=(), contrastive=OBRIEN):
