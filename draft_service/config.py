@@ -20,10 +20,6 @@ class DraftConfig(ServerTLSFields, ModelServiceConfig):
     # measured (oneDNN capped at AVX-512 BF16), the int8 draft steps in 24.7 ms in f32
     # against 25.1 ms in bf16 alone, and 37.7 against 63.7 ms for a batch of 8.
     inference_precision: str = "f32"
-    # Off: the amateur's logits depend on the prefix alone (contrastive decoding needs it;
-    # docs/design.md, section 17). Single-stream steps are one-token passes, which the
-    # plugin never quantizes, so they cost the same either way.
-    dynamic_quantization: str = "off"
 
 
 def parser() -> argparse.ArgumentParser:
@@ -32,8 +28,7 @@ def parser() -> argparse.ArgumentParser:
         description="specdec draft service: proposes K tokens per request, with the exact "
                     "sparse distributions it sampled them from (gRPC specdec.v1.DraftService).",
     )
-    add_model_service_flags(p, DEFAULT_PORT, default_precision="f32",
-                            default_dynamic_quantization="off")
+    add_model_service_flags(p, DEFAULT_PORT, default_precision="f32")
     p.add_argument("--top-n", type=int, default=DEFAULT_TOP_N,
                    help="size of the sparse q sent per drafted token when a request says 0; "
                         "smaller = fewer bytes, slightly lower acceptance (default: %(default)s)")

@@ -38,7 +38,7 @@ def _pair(args: argparse.Namespace):
     hf = prepare_smollm2()
     export(hf, "fp32", say=_say)
     export(hf, args.draft_weights, say=_say)
-    pair = pairs.DEFAULT_PAIR.with_models(args.model, args.model)
+    pair = pairs.CONTRASTIVE_PAIR.with_models(args.model, args.model)
     pair = pairs.Pair(pair.name, pair.target, pair.draft.with_(weights=args.draft_weights))
     return (pair, f"{args.model} (OpenVINO fp32)",
             f"{args.model} (OpenVINO {args.draft_weights}, the expert's own quantized copy)")
