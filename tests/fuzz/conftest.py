@@ -43,3 +43,11 @@ def stack():
         s.target_channel.close()
         draft.stop(0)
         target.stop(0)
+
+
+@pytest.fixture()
+def fuzz_services(stack):
+    """The stack, checked healthy (exact answers, no session) after the test."""
+    yield stack
+    stack.release_all()
+    stack.assert_healthy(layers=("draft", "target"))
