@@ -135,6 +135,18 @@ class _ModelServiceClient:
         if self.inject_rtt_s or self.jitter_s:
             time.sleep((self.inject_rtt_s + self._jitter.uniform(0, self.jitter_s)) / 2)
 
+    def _unary(self, method, req, meter: WireBytes | None, send=None):
+        """One call with its injected latency and its bytes counted (in `meter` too);
+        `send(req)` replaces the plain blocking call (Propose's cancellable one)."""
+        started = time.perf_counter()
+        self._network()
+        resp = send(req) if send is not None else method(req, timeout=self.deadline_s)
+        self._network()
+        self.bytes.add(req, resp, started)
+        if meter is not None:
+            meter.add(req, resp, started)
+        return resp
+
     def info(self, timeout: float | None = None) -> common_pb2.ModelInfo:
         return self.stub.Info(common_pb2.InfoRequest(), timeout=timeout or self.deadline_s)
 
@@ -158,20 +170,15 @@ class DraftClient(_ModelServiceClient):
             sampling=wire.sampling_to_proto(sampling), top_n=top_n, exit_below=exit_below,
             keep_logits=keep_logits, min_p=min_p,
         )
-        started = time.perf_counter()
-        self._network()
-        if cancel is None:
-            resp = self.stub.Propose(req, timeout=self.deadline_s)
-        else:
+        def cancellable(req):
             if cancel.requested:
                 raise grpc.FutureCancelledError()
             call = self.stub.Propose.future(req, timeout=self.deadline_s)
             cancel.attach(call)
-            resp = call.result()
-        self._network()
-        self.bytes.add(req, resp, started)
-        if meter is not None:
-            meter.add(req, resp, started)
+            return call.result()
+
+        resp = self._unary(self.stub.Propose, req, meter,
+                           cancellable if cancel is not None else None)
         return Proposal(list(resp.tokens), list(resp.dists), resp.cached_len, num_tokens,
                         resp.step_seconds)
 
@@ -182,13 +189,7 @@ class DraftClient(_ModelServiceClient):
             session_id=sync.session_id, keep_len=sync.keep_len, keep_digest=sync.keep_digest,
             new_tokens=sync.new_tokens, contrastive=wire.contrastive_to_proto(params),
             heads=[common_pb2.HeadValues(token_ids=h.token_ids.tolist()) for h in heads])
-        started = time.perf_counter()
-        self._network()
-        resp = self.stub.Score(req, timeout=self.deadline_s)
-        self._network()
-        self.bytes.add(req, resp, started)
-        if meter is not None:
-            meter.add(req, resp, started)
+        resp = self._unary(self.stub.Score, req, meter)
         values = [torch.tensor(list(v.values), dtype=torch.float32) for v in resp.values]
         return values, resp.cached_len
 
@@ -210,13 +211,7 @@ class TargetClient(_ModelServiceClient):
         )
         if contrastive is not None:
             req.contrastive.CopyFrom(wire.contrastive_to_proto(contrastive))
-        started = time.perf_counter()
-        self._network()
-        resp = self.stub.Verify(req, timeout=self.deadline_s)
-        self._network()
-        self.bytes.add(req, resp, started)
-        if meter is not None:
-            meter.add(req, resp, started)
+        resp = self._unary(self.stub.Verify, req, meter)
         if contrastive is not None:
             heads = [Head(torch.tensor(list(h.token_ids), dtype=torch.long),
                           torch.tensor(list(h.values), dtype=torch.float32))

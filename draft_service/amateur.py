@@ -41,6 +41,7 @@ class Amateur:
 
     def __init__(self, model: CachedModel, max_heads: int):
         self.model, self.max_heads = model, max_heads
+        self.max_rows = max_heads + 1  # rows a session keeps (a round's, and one more)
 
     def validate(self, args: ScoreArgs) -> None:
         h = len(args.heads)
@@ -64,13 +65,12 @@ class Amateur:
             raise Cancelled("the client called this request off")
         n = args.keep_len + len(args.new_tokens)
         wanted = range(n - len(args.heads), n)  # prefix lengths, one per head (0-based)
-        limit = self.max_heads + 1
         with self.model.store.use(args.session_id, args.keep_len, args.keep_digest, n,
                                   busy_wait_s=busy_wait_s) as s:
             self.model.crop(s, args.keep_len)
             if args.new_tokens:
                 logits = self.model.feed(s, args.new_tokens, len(args.new_tokens), cancelled)
-                s.keep_rows(args.keep_len + 1, logits, limit)
+                s.keep_rows(args.keep_len + 1, logits, self.max_rows)
             missing = [m + 1 for m in wanted if m + 1 not in s.rows]
             if missing:
                 # Recompute from the first missing row on: feed tokens[first - 1:] again.
@@ -78,7 +78,7 @@ class Amateur:
                 tail = s.tokens[first - 1:]
                 self.model.crop(s, first - 1)
                 logits = self.model.feed(s, tail, len(tail), cancelled)
-                s.keep_rows(first, logits, limit)
+                s.keep_rows(first, logits, self.max_rows)
             values = [amateur_values(s.rows[m + 1], torch.tensor(ids), args.params)
                       for m, ids in zip(wanted, args.heads, strict=True)]
             return ScoreResult(values, s.cached_len)

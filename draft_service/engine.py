@@ -102,7 +102,7 @@ class DraftEngine:
                 passes = [s.last_pass.seconds]
                 for i in range(k):
                     if args.keep_logits:
-                        s.keep_rows(s.cached_len, [logits], self.max_draft_tokens + 2)
+                        s.keep_rows(s.cached_len, [logits], self.amateur.max_rows)
                     if params.greedy:
                         x = argmax(logits[None])[0]
                         confidence = float(torch.softmax(logits.float(), -1)[x]) \
