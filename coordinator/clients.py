@@ -183,12 +183,14 @@ class DraftClient(_ModelServiceClient):
                         resp.step_seconds)
 
     def score(self, sync: SyncRequest, heads: list[Head], params: ContrastiveParams,
-              meter: WireBytes | None = None) -> tuple[list[torch.Tensor], int]:
+              meter: WireBytes | None = None,
+              read_only: bool = False) -> tuple[list[torch.Tensor], int]:
         """The amateur's values on each head's ids, and the draft's cached length."""
         req = draft_pb2.ScoreRequest(
             session_id=sync.session_id, keep_len=sync.keep_len, keep_digest=sync.keep_digest,
             new_tokens=sync.new_tokens, contrastive=wire.contrastive_to_proto(params),
-            heads=[common_pb2.HeadValues(token_ids=h.token_ids.tolist()) for h in heads])
+            heads=[common_pb2.HeadValues(token_ids=h.token_ids.tolist()) for h in heads],
+            read_only=read_only)
         resp = self._unary(self.stub.Score, req, meter)
         values = [torch.tensor(list(v.values), dtype=torch.float32) for v in resp.values]
         return values, resp.cached_len

@@ -38,6 +38,7 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
             keep_digest=request.keep_digest, new_tokens=list(request.new_tokens),
             heads=[list(h.token_ids) for h in request.heads],
             params=wire.contrastive_from_proto(request.contrastive),
+            read_only=request.read_only,
         ), cancelled=lambda: not context.is_active(), busy_wait_s=busy_wait_s(context))
         return draft_pb2.ScoreResponse(
             values=[common_pb2.HeadValues(values=v.tolist()) for v in result.values],

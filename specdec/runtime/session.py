@@ -102,6 +102,7 @@ class SessionStore:
         self._returned = threading.Condition(self._lock)  # a busy session came back
         self._idle: dict[str, Session] = {}  # sessions at rest, least recently used first
         self._busy: dict[str, int] = {}  # checked out -> positions reserved for the request
+        self._out: dict[str, Session] = {}  # the checked-out sessions themselves
         self._release_on_return: set[str] = set()
         self._evicted_idle = 0
         self._evicted_for_memory = 0
@@ -167,7 +168,18 @@ class SessionStore:
             self._make_room(session_id, needed_tokens)
             self._idle.pop(session_id, None)
             self._busy[session_id] = needed_tokens
+            self._out[session_id] = session
             return session
+
+    def peek(self, session_id: str) -> tuple[Session, bool]:
+        """The session without taking it, and whether a request holds it: for a look-up
+        that reads beside that request and changes nothing. NotFound if unknown."""
+        with self._lock:
+            session = self._idle.get(session_id) or self._out.get(session_id)
+            if session is None:
+                raise NotFound(f"session {session_id!r} is unknown or was evicted; start it "
+                               "again with keep_len = 0 and the whole prefix", cached_len=0)
+            return session, session_id in self._out
 
     def _make_room(self, session_id: str, needed: int) -> None:
         """Evict idle sessions (LRU) until `needed` more positions fit in the budget."""
@@ -195,6 +207,7 @@ class SessionStore:
     def put_back(self, session: Session) -> None:
         with self._lock:
             self._busy.pop(session.session_id, None)
+            self._out.pop(session.session_id, None)
             self._returned.notify_all()
             if session.session_id in self._release_on_return:
                 self._release_on_return.discard(session.session_id)
@@ -207,6 +220,7 @@ class SessionStore:
         """Forget a checked-out session (its work failed; its cache may be half-updated)."""
         with self._lock:
             self._busy.pop(session.session_id, None)
+            self._out.pop(session.session_id, None)
             self._release_on_return.discard(session.session_id)
             self._returned.notify_all()
 
