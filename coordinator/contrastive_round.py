@@ -14,6 +14,13 @@ Li et al. 2022 and O'Brien & Lewis 2023).
   with respect to the contrastive distribution: greedy output equals the plain form's,
   and sampled output follows the same distribution.
 
+Pipelined (the loop's --pipeline, the default): while the target verifies, the draft
+feeds x_K as the first step of a pre-draft of the next round (coordinator.predraft),
+its own next token standing in for the bonus; the look-up then reads the rows beside
+that pre-draft (a read-only Score), and the next round uses its drafts when all K were
+accepted and the bonus is that guess. The pre-draft changes where the draft computes,
+never what: the rows depend on the ids alone, so outputs are the same either way.
+
 Nothing vocabulary-sized crosses the wire: V_head's ids and values go up from the
 target, the same ids down to the draft and its values back. Both services keep the
 cache-sync rule: the target holds committed + drafts as after any Verify, the draft
@@ -46,30 +53,35 @@ def contrastive_p(heads, amateur, params: ContrastiveParams, temperature: float,
     return p
 
 
-def contrastive_round(gen, k: int, params: ContrastiveParams) -> RoundResult:
+def contrastive_round(gen, k: int, remaining: int, params: ContrastiveParams) -> RoundResult:
     """One round of at most k drafts (k = 0: the plain form) of `gen`, a
-    coordinator.loop.Generation (its links, committed ids, record and random streams).
-    A draft that fails is replaced by another replica at once and the round repeated
-    with the same random draws (the output does not depend on which replica answers);
-    with none left, UNAVAILABLE."""
+    coordinator.loop.Generation (its links, committed ids, pre-drafts, record and random
+    streams); `remaining` tokens are still wanted. A draft that fails is replaced by
+    another replica at once and the round repeated with the same random draws (the
+    output does not depend on which replica answers); with none left, UNAVAILABLE."""
     round_seed = derive_seed(gen.sampling.seed, "round", gen.round_index)
     u = torch.rand(max(k, 0), generator=gen.uniforms, dtype=torch.float64).tolist()
+    t0 = time.perf_counter()
+    pre = gen.predrafts.take(gen.committed.tokens, k) if gen.predrafts is not None else None
+    waited = time.perf_counter() - t0 if pre is not None else 0.0
     try:
-        return _round(gen, k, params, round_seed, u)
+        return _round(gen, k, remaining, params, round_seed, u, pre, waited)
     except AmateurUnavailable as e:
         leaving = gen.draft.failed_address
+        if gen.predrafts is not None:
+            gen.predrafts.drop()
         if not gen.draft.repin_now():
             raise
         log.warning("contrastive round: draft %s failed (%s); repeating the round on %s",
                     leaving, e, gen.draft.replica.address)
-        return _round(gen, k, params, round_seed, u)
+        return _round(gen, k, remaining, params, round_seed, u, None, 0.0)
 
 
-def _round(gen, k: int, params: ContrastiveParams, round_seed: int,
-           u: list[float]) -> RoundResult:
+def _round(gen, k: int, remaining: int, params: ContrastiveParams, round_seed: int,
+           u: list[float], proposal, waited: float) -> RoundResult:
     sampling, policy = gen.sampling, gen.policy
-    proposal, propose_s, draft_step_s = None, None, 0.0
-    if k > 0:
+    propose_s, proposed, draft_step_s = None, 0, 0.0
+    if k > 0 and proposal is None:
         t0 = time.perf_counter()
         # The amateur proposes from its own plausible set: the expert's acceptance is zero
         # outside its V_head, and the two sets mostly agree (lossless whatever q is).
@@ -78,26 +90,45 @@ def _round(gen, k: int, params: ContrastiveParams, round_seed: int,
         if proposal is None:
             raise AmateurUnavailable("contrastive decoding needs the draft service (the "
                                      "amateur), which is failing; retry later")
-        propose_s, draft_step_s = time.perf_counter() - t0, proposal.step_seconds
-    drafts = proposal.tokens if proposal is not None else []
+        propose_s, proposed = time.perf_counter() - t0, len(proposal.tokens)
+    if proposal is not None:
+        draft_step_s = proposal.step_seconds
+    drafts = proposal.tokens[:k] if proposal is not None else []
+    dists = proposal.dists[:len(drafts)] if proposal is not None else []
     seq = gen.committed.extended(drafts)
-    # The draft's forward (the last committed token, or x_K) runs while the target's does.
-    feed = gen.loop.amateur_pool.submit(gen.draft.score, seq, [], params, 1)
+    # The draft's forward (the last committed token, or x_K) runs while the target's does:
+    # as a pre-draft's first step when the next round could use its drafts, else alone.
+    pipelined = gen.predrafts is not None and drafts and \
+        len(drafts) < gen.loop.max_propose and len(drafts) + 2 < remaining
+    feed = None
+    if pipelined:
+        gen.predrafts.start(gen.committed, seq.tokens, len(drafts), 0.0, lead=1,
+                            prefill=False, guess=False, keep_logits=True, min_p=params.alpha)
+    else:
+        feed = gen.loop.amateur_pool.submit(gen.draft.score, seq, [], params, 1)
     t0 = time.perf_counter()
     try:
         expert = gen.target.verify(gen.committed, drafts, [], sampling, round_seed, params)
     except BaseException:
-        feed.exception()  # let the draft's call end; the target's error is the one to see
+        if feed is not None:
+            feed.exception()  # let the draft's call end; the target's error is the one to see
         raise
-    feed.result()
-    amateur = gen.draft.score(seq, expert.heads, params)
+    amateur = None
+    if feed is not None:
+        feed.result()
+    else:
+        amateur = gen.draft.look_up(seq, expert.heads, params)
+        if amateur is None:  # the draft does not hold seq beside the pre-draft
+            gen.predrafts.drop()
+    if amateur is None:
+        amateur = gen.draft.score(seq, expert.heads, params)
     verify_s = time.perf_counter() - t0  # the round's cost beyond drafting (adaptive K)
     gen.record.heads([len(h.token_ids) for h in expert.heads])
     ids = [int(h.token_ids.max()) for h in expert.heads] + drafts
     qs = None
-    if proposal is not None and proposal.dists:
+    if dists:
         qs = [SparseQ(torch.tensor(list(d.token_ids)), torch.tensor(list(d.probs)))
-              for d in proposal.dists]
+              for d in dists]
         ids += [int(q.token_ids.max()) for q in qs]
     p = contrastive_p(expert.heads, amateur, params, sampling.temperature, 1 + max(ids))
     result = target_round(p, drafts, qs, generator(round_seed, "verify"))
@@ -105,8 +136,9 @@ def _round(gen, k: int, params: ContrastiveParams, round_seed: int,
         decision = Decision([result.bonus_token], [TokenKind.TARGET], 0)
     else:
         q = [proposal.draft_prob(i) for i in range(len(drafts))]
-        decision = decide(drafts, q, result, u)
-    return RoundResult(decision, len(drafts), verify_s, propose_s,
-                       len(drafts), False,
+        decision = decide(drafts, q, result, u[:len(drafts)])
+    if pipelined:
+        gen.predrafts.expect(gen.committed.tokens + decision.tokens)
+    return RoundResult(decision, len(drafts), verify_s, propose_s, proposed, False,
                        (expert.pass_sessions, expert.pass_tokens, expert.pass_seconds),
-                       draft_step_s)
+                       draft_step_s, waited)

@@ -173,6 +173,28 @@ class DraftLink(Link):
         self.view.served(seq.tokens, cached_len)
         return values
 
+    def look_up(self, seq: TokenPrefix, heads: list, params: ContrastiveParams) -> list | None:
+        """A read-only Score at `seq` (its last len(heads) positions), beside a pre-draft
+        that may still hold the session; the view is left to that pre-draft. None when the
+        draft does not hold `seq` now (evicted, or busy past the deadline): the caller
+        takes the pre-draft out of the way and scores as usual."""
+        if self.replica is None:
+            return None
+        sync = SyncRequest(self.session_id, len(seq), seq.digest_of(len(seq)), [])
+        started = time.perf_counter()
+        try:
+            values, _ = self.replica.client.score(sync, heads, params, self.meter,
+                                                  read_only=True)
+            return values
+        except grpc.RpcError as e:
+            if e.code() in RESYNC_CODES + (grpc.StatusCode.ABORTED,):
+                return None
+            self.failed(e)
+            raise AmateurUnavailable(f"the draft service (the amateur of contrastive "
+                                     f"decoding) failed: {e.code().name}: {e.details()}") from e
+        finally:
+            self.record.rpc(self.rpc_name, time.perf_counter() - started)
+
 
 class TargetLink(Link):
     rpc_name = "verify"

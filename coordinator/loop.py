@@ -103,9 +103,10 @@ class SpeculativeLoop:
             if self.policy.adaptive_k and speculative else None
         if contrastive is not None and num_draft_tokens > 0 and \
                 (self.policy.adaptive_k or load_aware):
-            # K left to the server (or --adaptive-k): measured per generation. Contrastive
-            # rounds are never pipelined, and the plain form (K = 0) competes.
-            adaptive = AdaptiveK(max(1, self.max_propose), num_draft_tokens, False, k_min=0)
+            # K left to the server (or --adaptive-k): measured per generation; the plain
+            # form (K = 0) competes.
+            adaptive = AdaptiveK(max(1, k_max), num_draft_tokens, self.policy.pipeline,
+                                 k_min=0)
         load_k = self.load_k if load_aware and speculative and adaptive is None else None
         if contrastive is not None and self.draft is None:
             raise FailedPrecondition("contrastive decoding needs a draft service (the "
@@ -143,7 +144,8 @@ class SpeculativeLoop:
                         # Its plain form competes, at three calls per token: the whole
                         # cycle beyond drafting counts, not the Verify alone (a round's
                         # fixed cost would otherwise make K = 0 look cheaper than it is).
-                        verify_s = round_end - started - (result.propose_s or 0.0) + between
+                        verify_s = round_end - started - (result.propose_s or 0.0) - \
+                            result.predraft_wait_s + between
                     adaptive.observe(result.k, result.decision.num_accepted, result.rejected,
                                      result.propose_s, verify_s, result.proposed)
                 tokens = result.decision.tokens[:remaining]
@@ -212,8 +214,7 @@ class Generation:
             if loop.draft is not None else None
         self.predrafts = PreDrafts(loop.executor, self.draft, self.record, sampling,
                                    self.policy.top_n) \
-            if loop.executor is not None and self.draft is not None and contrastive is None \
-            else None
+            if loop.executor is not None and self.draft is not None else None
         self.exit = ConfidenceExit(self.policy.exit_threshold,
                                    self.policy.exit_target_acceptance) \
             if self.policy.confidence_exit and self.draft is not None and contrastive is None \
@@ -227,7 +228,7 @@ class Generation:
         """One round of at most k drafts; `remaining` tokens are still wanted."""
         self.round_index += 1
         if self.contrastive is not None:
-            return contrastive_round(self, k, self.contrastive)
+            return contrastive_round(self, k, remaining, self.contrastive)
         committed = list(self.committed.tokens)  # a snapshot: commit() extends the original
         round_seed = derive_seed(self.sampling.seed, "round", self.round_index)
         # Always draw K uniforms, so the random stream does not depend on outcomes.

@@ -6,6 +6,9 @@ pre-draft is used if the committed ids are what it assumed; otherwise it is call
 (the draft stops at its next token) and counted wasted. The prefill round's pre-draft
 ("lead") is different: it proposes from the prompt alone, its own first tokens standing
 in for tokens the target has not decided yet, and it is judged once those are known.
+Contrastive rounds pre-draft with a lead too (coordinator.contrastive_round): the bonus
+is the contrastive choice, which only the look-up decides, so the draft's own next token
+is its guess; such a pre-draft is called off as soon as the round's outcome rules it out.
 
 Decisions never depend on timing: a pre-draft called off is always assumed to have left
 the draft holding only the prefix it kept, whether the call-off or the reply won.
@@ -34,7 +37,13 @@ class PreDraft:
     assumed: list[int]  # the committed ids it assumed (all accepted, bonus = its guess)
     cancel: Cancel
     surely_held: list[int]  # what the draft holds however far it got when called off
-    lead: int = 0  # its first tokens are guesses too (the prefill round's pre-draft)
+    lead: int = 0  # its first tokens are guesses too
+    prefill: bool = False  # the prefill round's: never called off
+    called_off: bool = False
+
+    def call_off(self) -> None:
+        self.called_off = True
+        self.cancel()
 
 
 class PreDrafts:
@@ -47,9 +56,11 @@ class PreDrafts:
         self.pending: PreDraft | None = None
 
     def start(self, committed: TokenPrefix, assumed_tokens: list[int], k: int,
-              exit_below: float, lead: int = 0) -> None:
-        """Propose k drafts and a guess on top of `assumed_tokens` (the committed ids plus
-        guesses) plus the draft's own first `lead` tokens."""
+              exit_below: float, lead: int = 0, prefill: bool = True, guess: bool = True,
+              keep_logits: bool = False, min_p: float = 0.0) -> None:
+        """Propose k drafts and a guess (unless not `guess`) on top of `assumed_tokens`
+        (the committed ids plus guesses) plus the draft's own first `lead` tokens (a
+        prefill's unless not `prefill`). keep_logits, min_p: as in Propose."""
         replica = self.draft.replica
         if replica is None:
             return
@@ -59,15 +70,23 @@ class PreDrafts:
         client, cancel = replica.client, Cancel()
 
         def predraft():
-            proposal = client.propose(sync, lead + k + 1, self.sampling, self.top_n,
-                                      self.draft.meter, exit_below, cancel)
+            proposal = client.propose(sync, lead + k + (1 if guess else 0), self.sampling,
+                                      self.top_n, self.draft.meter, exit_below, cancel,
+                                      keep_logits=keep_logits, min_p=min_p)
             return proposal, (assumed.tokens + proposal.tokens)[:proposal.cached_len]
 
         # Called off at any point, the draft still holds the kept prefix: a request never
         # crops below its keep_len, and what it fed before stopping only adds to it.
         self.pending = PreDraft(self.executor.submit(predraft), list(assumed_tokens), cancel,
-                                assumed.tokens[:keep_len], lead)
+                                assumed.tokens[:keep_len], lead, bool(lead) and prefill)
         self.record.predraft_started()
+
+    def expect(self, tokens: list[int]) -> None:
+        """The round's outcome is known to begin the ids `tokens`: call the pending
+        pre-draft off now if it assumed other ids."""
+        pre = self.pending
+        if pre is not None and not pre.prefill and tokens[:len(pre.assumed)] != pre.assumed:
+            pre.call_off()
 
     def take(self, committed: list[int], k: int) -> Proposal | None:
         """The pending pre-draft for this round if its assumption held (its K may differ:
@@ -78,9 +97,9 @@ class PreDrafts:
         # A prefill's pre-draft (lead) is judged once its own first tokens are known, and
         # never called off: it may be about done, and a draft stopped mid-prefill would
         # hold nothing and prefill again.
-        useful = k > 0 and (bool(pre.lead) or pre.assumed == committed)
-        if not useful and not pre.lead:
-            pre.cancel()
+        useful = k > 0 and not pre.called_off and (bool(pre.lead) or pre.assumed == committed)
+        if not useful and not pre.prefill:
+            pre.call_off()
         try:
             proposal, view_tokens = pre.future.result()
         except grpc.FutureCancelledError:
@@ -92,7 +111,7 @@ class PreDrafts:
                     e.code() not in RESYNC_CODES + (grpc.StatusCode.ABORTED,):
                 self.draft.failed(e)  # the next Propose re-prefills; no back-off for those
             return None
-        if not useful and not pre.lead:
+        if pre.called_off:
             # Whether the call-off or the reply won the race, assume the same: the next
             # Propose then splits its work the same way, whatever the timing.
             view_tokens = pre.surely_held
@@ -111,9 +130,10 @@ class PreDrafts:
         pre, self.pending = self.pending, None
         if pre is None:
             return
-        pre.cancel()
+        pre.call_off()
         try:
             pre.future.result()
         except (grpc.RpcError, grpc.FutureCancelledError):
             pass
+        self.draft.view.holds(pre.surely_held)
         self.record.predraft(used=False)

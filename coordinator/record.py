@@ -52,6 +52,7 @@ class RoundResult:
     # The target pass that served the Verify: sessions, tokens, seconds (0s = unknown).
     target_pass: tuple[int, int, float] = (0, 0, 0.0)
     draft_step_s: float = 0.0  # the draft's mean pass duration for these drafts (0 = unknown)
+    predraft_wait_s: float = 0.0  # waited for the pre-draft that supplied the drafts
 
     @property
     def rejected(self) -> bool:

@@ -82,3 +82,35 @@ def test_the_target_distribution_fails_this_test(target_client, draft_client):
     on_support = Counter({c: n for c, n in counts.items() if c in expected})
     outside = sum(counts.values()) - sum(on_support.values())
     assert outside > 0 or chi_square_p_value(on_support, expected, 600) < 1e-3
+
+
+@pytest.mark.slow
+def test_pipelined_rounds_keep_the_contrastive_distribution(draft_client, target_client):
+    """Pipelined speculative form, K = 1: round 2's draft comes from a pre-draft whenever
+    round 1's draft and guessed bonus held (about 30% of generations here), else from a
+    fresh Propose. Both the joint law of the four tokens and the law of token 3 (round
+    2's first, where a pre-drafted draft is verified; fewer cells, more power) are the
+    contrastive ones."""
+    p, temperature = params(OBRIEN, alpha=0.3, beta=0.1), 0.8
+    joint = contrastive_joint(p, temperature, n=4)
+    third: dict[tuple[int, ...], float] = {}
+    for cell, prob in joint.items():
+        third[cell[2:3]] = third.get(cell[2:3], 0.0) + prob
+    loop = SpeculativeLoop(draft_client, target_client, LoopPolicy(pipeline=True))
+    counts: Counter = Counter()
+    used = 0
+    for seed in range(TRIALS):
+        sampling = SamplingParams(temperature=temperature, seed=seed)
+        result = loop.generate(PROMPT, 4, sampling, num_draft_tokens=1, contrastive=p)
+        counts[tuple(result.token_ids)] += 1
+        used += result.stats.pipelined_rounds
+    assert TRIALS // 10 < used < TRIALS * 9 // 10  # both paths, each often
+    thirds = Counter()
+    for cell, n in counts.items():
+        thirds[cell[2:3]] += n
+    p_joint = chi_square_p_value(counts, joint, TRIALS)
+    p_third = chi_square_p_value(thirds, third, TRIALS)
+    print(f"chi-square p = {p_joint:.3f} (joint, {len(joint)} cells), {p_third:.3f} (token 3, "
+          f"{len(third)} cells); pre-drafts used in {used} of {TRIALS}")
+    assert p_joint > 1e-3, (p_joint, counts.most_common(8))
+    assert p_third > 1e-3, (p_third, thirds.most_common(8))

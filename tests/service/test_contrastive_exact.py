@@ -2,7 +2,7 @@
 reference computed in this process from the two models' logits with the formula
 (specdec.contrastive_reference: Hugging Face models, no cache, nothing shared with the
 services' runtime), for both formulations, the plain form (K = 0) and the speculative
-form (K > 0), alone, concurrently and after lost sessions."""
+form (K > 0), sequential and pipelined, alone, concurrently and after lost sessions."""
 
 from __future__ import annotations
 
@@ -27,14 +27,22 @@ def loop(draft_client, target_client):
     return SpeculativeLoop(draft_client, target_client, LoopPolicy(pipeline=False))
 
 
+@pytest.fixture()
+def pipelined(draft_client, target_client):
+    return SpeculativeLoop(draft_client, target_client, LoopPolicy(pipeline=True))
+
+
 FORMS = [params(OBRIEN), params(LI), params(LI, amateur_temperature=0.5),
          params(OBRIEN, alpha=0.02, beta=1.5)]
 FORM_IDS = ["obrien", "li", "li-Ta0.5", "obrien-a0.02-b1.5"]
 
 
 @pytest.mark.parametrize("p", FORMS, ids=FORM_IDS)
-@pytest.mark.parametrize("k", [0, 1, 4])
-def test_greedy_equals_the_in_process_reference(loop, p, k):
+@pytest.mark.parametrize(("k", "pipeline"),
+                         [(0, False), (1, False), (4, False), (1, True), (4, True)],
+                         ids=["plain", "K1", "K4", "K1-pipelined", "K4-pipelined"])
+def test_greedy_equals_the_in_process_reference(loop, pipelined, p, k, pipeline):
+    loop = pipelined if pipeline else loop
     for prompt in PROMPTS:
         want = reference(prompt, p)
         result = loop.generate(prompt, N, GREEDY, num_draft_tokens=k, contrastive=p)
@@ -58,20 +66,33 @@ def test_contrastive_is_not_target_greedy_and_its_limits_are(loop):
         assert loop.generate(prompt, N, GREEDY, 3, contrastive=p).token_ids == target_only
 
 
-def test_the_pipelined_policy_still_gives_the_reference(draft_client, target_client):
-    """A coordinator whose speculative rounds pre-draft and exit early: contrastive rounds
-    run without either and give the same tokens."""
+def test_pipelined_rounds_use_their_pre_drafts_and_give_the_reference(draft_client,
+                                                                      target_client):
+    """Pre-drafts are used when every draft and the guessed bonus hold, and called off
+    otherwise, and the tokens are the reference's; the confidence exit, on in this
+    policy, is not used by contrastive rounds. beta = 0.1 keeps the contrast mild, so
+    that the tiny draft's guesses hold now and then."""
     loop = SpeculativeLoop(draft_client, target_client,
-                           LoopPolicy(pipeline=True, confidence_exit=True, adaptive_k=True))
-    p = params(OBRIEN)
-    result = loop.generate(PROMPTS[1], N, GREEDY, num_draft_tokens=4, contrastive=p)
-    assert result.token_ids == reference(PROMPTS[1], p)
-    assert result.stats.pipelined_rounds == 0 and result.stats.confidence_exits == 0
+                           LoopPolicy(pipeline=True, confidence_exit=True))
+    p = params(OBRIEN, beta=0.1)
+    used = wasted = 0
+    for prompt in PROMPTS:
+        for k in (1, 2):
+            result = loop.generate(prompt, N, GREEDY, num_draft_tokens=k, contrastive=p)
+            assert result.token_ids == reference(prompt, p), (prompt, k)
+            stats = result.stats
+            assert stats.confidence_exits == 0 and stats.resyncs == 0
+            assert stats.predrafts_started == stats.pipelined_rounds + stats.predrafts_wasted
+            used, wasted = used + stats.pipelined_rounds, wasted + stats.predrafts_wasted
+    assert used > 0 and wasted > 0
 
 
-def test_concurrent_contrastive_and_speculative_generations(loop):
+@pytest.mark.parametrize("pipeline", [False, True], ids=["sequential", "pipelined"])
+def test_concurrent_contrastive_and_speculative_generations(loop, pipelined, pipeline):
     """Contrastive and speculative generations share the services' batched passes and
-    still each give their own exact output."""
+    still each give their own exact output (pipelined: read-only look-ups beside
+    pre-drafts in the draft's batched steps)."""
+    loop = pipelined if pipeline else loop
     p = params(OBRIEN)
     speculative = {i: loop.generate(pr, N, GREEDY, 0).token_ids for i, pr in enumerate(PROMPTS)}
     jobs = [(i, k, c) for i in range(len(PROMPTS)) for k in (0, 4) for c in (True, False)]
@@ -91,10 +112,12 @@ def test_concurrent_contrastive_and_speculative_generations(loop):
         assert ids == (reference(PROMPTS[i], p) if contrastive else speculative[i])
 
 
-@pytest.mark.parametrize("k", [0, 4])
-def test_lost_sessions_resync_without_changing_output(loop, draft_server, target_server, k):
+@pytest.mark.parametrize(("k", "pipeline"), [(0, False), (4, False), (2, True)])
+def test_lost_sessions_resync_without_changing_output(loop, pipelined, draft_server,
+                                                      target_server, k, pipeline):
     """Evicting both sessions (and the amateur's kept logits) mid-generation costs a
     re-prefill, never a different token."""
+    loop = pipelined if pipeline else loop
     p = params(LI)
     evict = evict_at((2, 5), draft_server, target_server)
     result = loop.generate(PROMPTS[0], N, GREEDY, k, on_tokens=evict, contrastive=p)
