@@ -3,7 +3,8 @@ prompts (issue 14), through the real services, written as JSON, Markdown and a b
 
 Starts the pair as processes (the target is the expert, the draft the amateur; placed by
 specdec.pair.placement()), runs specdec.bench.quality_eval's modes side by side through
-the coordinator's GenerationService in this process (sequential rounds, no Ray), stops
+the coordinator's GenerationService in this process (pipelined rounds unless
+--no-pipeline, no Ray), stops
 the services, then scores every text with the target model in this process (torch,
 fp32) and writes `eval.json`, `eval.md` and `eval.png` under --out.
 """
@@ -86,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
         running = pairs.start(pair, stack, pin=args.pin)
         service = build_service(CoordinatorConfig(target=running.target.address,
                                                   draft=running.draft.address,
-                                                  pipeline=False))
+                                                  pipeline=args.pipeline))
         ids = {p: quality_eval.prompt_ids(service, p) for p in prompts}
         _say(f"== {len(chosen)} modes x {len(prompts)} prompts x {len(seeds)} seeds x "
              f"{args.max_new_tokens} tokens")
@@ -106,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
     meta = {"machine": machine(), "target": target_label, "draft": draft_label,
             "draft_weights": args.draft_weights, "prompts": len(prompts),
             "prompt_texts": prompts, "seeds": len(seeds), "seed_values": seeds,
-            "max_new_tokens": args.max_new_tokens, "k": args.k,
+            "max_new_tokens": args.max_new_tokens, "k": args.k, "pipeline": args.pipeline,
             "temperature": args.temperature,
             "contrastive": _describe(settings), "pinned": pinned,
             "target_args": target_args, "draft_args": draft_args,
@@ -167,6 +168,11 @@ def add_parser(sub) -> None:
     p.add_argument("--k", type=int, default=4,
                    help="draft tokens per round of the speculative forms (default: "
                         "%(default)s)")
+    p.add_argument("--pipeline", action=argparse.BooleanOptionalAction, default=True,
+                   help="pipelined rounds, the coordinator's default: the draft drafts the "
+                        "next round while the target verifies this one (speculative and "
+                        "contrastive forms alike); --no-pipeline runs sequential rounds "
+                        "(default: %(default)s)")
     p.add_argument("--temperature", type=float, default=1.0,
                    help="temperature of the sampled modes; for contrastive ones it divides "
                         "the contrastive score (default: %(default)s)")

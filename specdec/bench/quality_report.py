@@ -99,7 +99,9 @@ def markdown(rows: list[ModeRow], comparisons: list[Comparison], meta: dict,
     out = [f"Machine: {meta.get('machine', '?')}. Target (expert): {meta.get('target', '?')}; "
            f"draft (amateur): {meta.get('draft', '?')}. {meta.get('prompts')} open-ended "
            f"prompts x {meta.get('seeds')} seeds x {meta.get('max_new_tokens')} new tokens, "
-           f"modes interleaved per prompt. Contrastive: {meta.get('contrastive', '?')}. "
+           f"modes interleaved per prompt, rounds "
+           f"{'pipelined' if meta.get('pipeline', True) else 'sequential'}. Contrastive: "
+           f"{meta.get('contrastive', '?')}. "
            f"Revision: {meta.get('revision', '?')}.", "",
            "Quality figures pool whitespace tokens over a mode's texts (greedy modes: one "
            "text per prompt); seq-rep-4 and the target's log-likelihood (mean log p per "
