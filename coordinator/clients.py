@@ -184,8 +184,9 @@ class DraftClient(_ModelServiceClient):
 
     def score(self, sync: SyncRequest, heads: list[Head], params: ContrastiveParams,
               meter: WireBytes | None = None,
-              read_only: bool = False) -> tuple[list[torch.Tensor], int]:
-        """The amateur's values on each head's ids, and the draft's cached length."""
+              read_only: bool = False) -> tuple[list[torch.Tensor], int, int | None]:
+        """The amateur's values on each head's ids, the draft's cached length, and (read
+        only) the token it drew after the sequence, if known."""
         req = draft_pb2.ScoreRequest(
             session_id=sync.session_id, keep_len=sync.keep_len, keep_digest=sync.keep_digest,
             new_tokens=sync.new_tokens, contrastive=wire.contrastive_to_proto(params),
@@ -193,7 +194,8 @@ class DraftClient(_ModelServiceClient):
             read_only=read_only)
         resp = self._unary(self.stub.Score, req, meter)
         values = [torch.tensor(list(v.values), dtype=torch.float32) for v in resp.values]
-        return values, resp.cached_len
+        return values, resp.cached_len, \
+            resp.next_token if resp.HasField("next_token") else None
 
 
 class TargetClient(_ModelServiceClient):

@@ -113,13 +113,15 @@ def _round(gen, k: int, remaining: int, params: ContrastiveParams, round_seed: i
         if feed is not None:
             feed.exception()  # let the draft's call end; the target's error is the one to see
         raise
-    amateur = None
+    amateur, guess = None, None
     if feed is not None:
         feed.result()
     else:
-        amateur = gen.draft.look_up(seq, expert.heads, params)
-        if amateur is None:  # the draft does not hold seq beside the pre-draft
+        looked_up = gen.draft.look_up(seq, expert.heads, params)
+        if looked_up is None:  # the draft does not hold seq beside the pre-draft
             gen.predrafts.drop()
+        else:
+            amateur, guess = looked_up
     if amateur is None:
         amateur = gen.draft.score(seq, expert.heads, params)
     verify_s = time.perf_counter() - t0  # the round's cost beyond drafting (adaptive K)
@@ -137,8 +139,9 @@ def _round(gen, k: int, remaining: int, params: ContrastiveParams, round_seed: i
     else:
         q = [proposal.draft_prob(i) for i in range(len(drafts))]
         decision = decide(drafts, q, result, u[:len(drafts)])
-    if pipelined:
-        gen.predrafts.expect(gen.committed.tokens + decision.tokens)
+    if pipelined:  # a rejection, or a bonus other than the guess, calls the pre-draft off
+        gen.predrafts.expect(gen.committed.tokens + decision.tokens,
+                             [guess] if guess is not None else [])
     return RoundResult(decision, len(drafts), verify_s, propose_s, proposed, False,
                        (expert.pass_sessions, expert.pass_tokens, expert.pass_seconds),
                        draft_step_s, waited)

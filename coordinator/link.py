@@ -164,7 +164,7 @@ class DraftLink(Link):
                                      "amateur), and no draft replica is reachable; retry "
                                      "later")
         try:
-            values, cached_len = self.call(seq, lambda client, sync: client.score(
+            values, cached_len, _ = self.call(seq, lambda client, sync: client.score(
                 sync, heads, params, self.meter), min_new=min_new)
         except grpc.RpcError as e:
             self.failed(e)
@@ -173,19 +173,21 @@ class DraftLink(Link):
         self.view.served(seq.tokens, cached_len)
         return values
 
-    def look_up(self, seq: TokenPrefix, heads: list, params: ContrastiveParams) -> list | None:
+    def look_up(self, seq: TokenPrefix, heads: list,
+                params: ContrastiveParams) -> tuple[list, int | None] | None:
         """A read-only Score at `seq` (its last len(heads) positions), beside a pre-draft
-        that may still hold the session; the view is left to that pre-draft. None when the
-        draft does not hold `seq` now (evicted, or busy past the deadline): the caller
+        that may still hold the session; the view is left to that pre-draft. Returns the
+        values and the pre-draft's next token (its guess at the bonus) if known. None when
+        the draft does not hold `seq` now (evicted, or busy past the deadline): the caller
         takes the pre-draft out of the way and scores as usual."""
         if self.replica is None:
             return None
         sync = SyncRequest(self.session_id, len(seq), seq.digest_of(len(seq)), [])
         started = time.perf_counter()
         try:
-            values, _ = self.replica.client.score(sync, heads, params, self.meter,
-                                                  read_only=True)
-            return values
+            values, _, guess = self.replica.client.score(sync, heads, params, self.meter,
+                                                         read_only=True)
+            return values, guess
         except grpc.RpcError as e:
             if e.code() in RESYNC_CODES + (grpc.StatusCode.ABORTED,):
                 return None

@@ -81,11 +81,13 @@ class PreDrafts:
                                 assumed.tokens[:keep_len], lead, bool(lead) and prefill)
         self.record.predraft_started()
 
-    def expect(self, tokens: list[int]) -> None:
+    def expect(self, tokens: list[int], lead: list[int] = ()) -> None:
         """The round's outcome is known to begin the ids `tokens`: call the pending
-        pre-draft off now if it assumed other ids."""
+        pre-draft off now if it assumed other ids, or drew other `lead` tokens (known
+        before its reply: a read-only Score says them)."""
         pre = self.pending
-        if pre is not None and not pre.prefill and tokens[:len(pre.assumed)] != pre.assumed:
+        assumed = pre.assumed + list(lead) if pre is not None else []
+        if pre is not None and not pre.prefill and tokens[:len(assumed)] != assumed:
             pre.call_off()
 
     def take(self, committed: list[int], k: int) -> Proposal | None:

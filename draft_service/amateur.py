@@ -39,6 +39,7 @@ class ScoreArgs(SyncRequest):
 class ScoreResult:
     values: list[torch.Tensor]  # float32 [h_j] per head
     cached_len: int
+    next_token: int | None = None  # read-only: the token after keep_len, if known
 
 
 class Amateur:
@@ -97,24 +98,26 @@ class Amateur:
                 s.keep_rows(first, logits, self.max_rows)
             values = [amateur_values(s.rows[m + 1], torch.tensor(ids), args.params)
                       for m, ids in zip(wanted, args.heads, strict=True)]
-            return ScoreResult(values, s.cached_len)
+            return ScoreResult(values, s.cached_len,
+                               _next_token(s, args.keep_len) if args.read_only else None)
 
     def _read_beside(self, args: ScoreArgs, wanted: range,
                      busy_wait_s: float) -> ScoreResult | None:
         """The values from a busy session's rows, read as soon as the request holding it
-        has computed them; None once the session is idle (the caller checks it out and
-        validates it, which gives any error). Waiting on a busy session is bounded by
-        `busy_wait_s`, as for a check-out."""
+        has computed them and drawn its next token; None once the session is idle (the
+        caller checks it out and validates it, which gives any error). Waiting on a busy
+        session is bounded by `busy_wait_s`, as for a check-out."""
         store, deadline = self.model.store, time.monotonic() + busy_wait_s
         while True:
             s, busy = store.peek(args.session_id)
             if not busy:
                 return None
             rows = self._rows_of(s, args.keep_len, args.keep_digest, wanted)
-            if rows is not None:
+            following = _next_token(s, args.keep_len)
+            if rows is not None and following is not None:
                 values = [amateur_values(r, torch.tensor(ids), args.params)
                           for r, ids in zip(rows, args.heads, strict=True)]
-                return ScoreResult(values, s.cached_len)
+                return ScoreResult(values, s.cached_len, following)
             if time.monotonic() >= deadline:
                 return None  # the check-out waits no more and answers ABORTED
             time.sleep(self.poll_s)
@@ -136,3 +139,15 @@ class Amateur:
         if any(r is None for r in rows) or not matches():
             return None
         return rows
+
+
+def _next_token(s, keep_len: int) -> int | None:
+    """The token after the first keep_len the session holds, or that its request drew
+    there and is about to feed; None if neither (read beside that request)."""
+    drawn = s.next_token
+    try:
+        if s.cached_len > keep_len:
+            return s.tokens[keep_len]
+    except IndexError:  # cropped meanwhile
+        return None
+    return drawn[1] if drawn is not None and drawn[0] == keep_len else None

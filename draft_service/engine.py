@@ -116,6 +116,7 @@ class DraftEngine:
                         x, confidence = int(ids[j]), float(q[j])
                         dists.append(SparseQ(ids, q))
                     tokens.append(x)
+                    s.next_token = (s.cached_len, x)  # a read-only Score may ask for it
                     if i + 1 == k or confidence < args.exit_below or cancelled():
                         break  # x is returned but not fed: the cache ends before it
                     logits = self.model.step(s, x, more=i + 2 < k)

@@ -42,7 +42,7 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
         ), cancelled=lambda: not context.is_active(), busy_wait_s=busy_wait_s(context))
         return draft_pb2.ScoreResponse(
             values=[common_pb2.HeadValues(values=v.tolist()) for v in result.values],
-            cached_len=result.cached_len)
+            cached_len=result.cached_len, next_token=result.next_token)
 
     def Release(self, request, context):
         return common_pb2.ReleaseResponse(released=self.engine.release(request.session_id))

@@ -38,6 +38,8 @@ class Session:
     # row for the token after the first n cached tokens, by n. Only what a request asked
     # to keep; a truncate drops the rows past its length, as it drops those positions.
     rows: dict[int, Any] = field(default_factory=dict)
+    # (n, x): the draft's request drew x after the first n tokens (fed, or about to be).
+    next_token: tuple[int, int] | None = None
 
     @property
     def tokens(self) -> list[int]:

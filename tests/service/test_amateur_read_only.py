@@ -1,7 +1,8 @@
 """The read-only Score of pipelined contrastive rounds, on the real draft server: it looks
 rows up at a prefix of what the session holds without cropping or feeding, reads them
 beside a request that holds the session, waits for that request when the rows are not
-there yet, and answers exactly what a fresh forward gives."""
+there yet, answers exactly what a fresh forward gives, and names the token drawn after
+the prefix (a pre-draft's guess at the bonus)."""
 
 from __future__ import annotations
 
@@ -73,9 +74,17 @@ def test_a_read_only_look_up_at_a_prefix_changes_nothing(draft_stub, draft_serve
     resp = draft_stub.Score(read_only(s, prefix))
     assert_exact(engine, prefix, resp)
     assert held(engine, s) == len(seq) - 1  # nothing cropped
-    # The rows it kept (or recomputed) stay: a later ordinary look-up agrees.
+    assert resp.next_token == seq[-2]  # the token the session holds after the prefix
+    # The rows it kept (or recomputed) stay: a later look-up agrees, and names the token
+    # the Propose drew last and did not feed.
     again = draft_stub.Score(read_only(s, seq[:-1]))
     assert_exact(engine, seq[:-1], again)
+    assert again.next_token == seq[-1]
+    # An ordinary Score says nothing of the kind.
+    plain = draft_stub.Score(draft_pb2.ScoreRequest(
+        session_id=s, keep_len=len(seq) - 1, keep_digest=digest.digest(seq[:-1]),
+        heads=[common_pb2.HeadValues(token_ids=[1])]))
+    assert not plain.HasField("next_token")
 
 
 def test_bad_read_only_requests_get_a_status_and_leave_the_session(draft_stub, draft_server):
@@ -107,6 +116,7 @@ def test_it_reads_beside_the_request_that_holds_the_session(draft_stub, draft_se
     try:
         resp = draft_stub.Score(read_only(s, seq[:-1]), timeout=10)
         assert_exact(engine, seq[:-1], resp)
+        assert resp.next_token == seq[-1]  # drawn by the request, not yet fed
     finally:
         put_back()
 
