@@ -161,14 +161,15 @@ class DraftClient(_ModelServiceClient):
     def propose(self, sync: SyncRequest, num_tokens: int, sampling: SamplingParams,
                 top_n: int = 0, meter: WireBytes | None = None,
                 exit_below: float = 0.0, cancel: Cancel | None = None,
-                keep_logits: bool = False, min_p: float = 0.0) -> Proposal:
+                keep_logits: bool = False, min_p: float = 0.0,
+                guess_seed: int | None = None) -> Proposal:
         """Raises grpc.RpcError, or grpc.FutureCancelledError once `cancel` was called (the
         draft then stops at its next token; its cache keeps what it had fed)."""
         req = draft_pb2.ProposeRequest(
             session_id=sync.session_id, keep_len=sync.keep_len, keep_digest=sync.keep_digest,
             new_tokens=sync.new_tokens, num_tokens=num_tokens,
             sampling=wire.sampling_to_proto(sampling), top_n=top_n, exit_below=exit_below,
-            keep_logits=keep_logits, min_p=min_p,
+            keep_logits=keep_logits, min_p=min_p, guess_seed=guess_seed,
         )
         def cancellable(req):
             if cancel.requested:

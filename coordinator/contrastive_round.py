@@ -36,6 +36,7 @@ import torch
 
 from coordinator.link import AmateurUnavailable
 from coordinator.record import RoundResult
+from specdec import coupling
 from specdec.contrastive import ContrastiveParams, head_distribution
 from specdec.sampling import derive_seed, generator
 from specdec.verify import Decision, SparseQ, TokenKind, decide, target_round
@@ -100,10 +101,15 @@ def _round(gen, k: int, remaining: int, params: ContrastiveParams, round_seed: i
     # as a pre-draft's first step when the next round could use its drafts, else alone.
     pipelined = gen.predrafts is not None and drafts and \
         len(drafts) < gen.loop.max_propose and len(drafts) + 2 < remaining
+    # Sampled rounds with drafts draw the bonus by Gumbel-max with this seed's noise; the
+    # pre-draft draws its guess at it with the same noise (specdec.coupling).
+    bonus_seed = derive_seed(sampling.seed, "bonus", gen.round_index) \
+        if drafts and not sampling.greedy else None
     feed = None
     if pipelined:
         gen.predrafts.start(gen.committed, seq.tokens, len(drafts), 0.0, lead=1,
-                            prefill=False, guess=False, keep_logits=True, min_p=params.alpha)
+                            prefill=False, guess=False, keep_logits=True, min_p=params.alpha,
+                            guess_seed=bonus_seed)
     else:
         feed = gen.loop.amateur_pool.submit(gen.draft.score, seq, [], params, 1)
     t0 = time.perf_counter()
@@ -139,6 +145,12 @@ def _round(gen, k: int, remaining: int, params: ContrastiveParams, round_seed: i
     else:
         q = [proposal.draft_prob(i) for i in range(len(drafts))]
         decision = decide(drafts, q, result, u[:len(drafts)])
+        if bonus_seed is not None and decision.num_accepted == len(drafts):
+            # All accepted: the bonus is a fresh draw from p_cd at position K+1, here by
+            # Gumbel-max (exact; only the noise differs from target_round's draw).
+            head_ids = expert.heads[len(drafts)].token_ids
+            j = coupling.draw(head_ids, p[len(drafts), head_ids], bonus_seed)
+            decision.tokens[-1] = int(head_ids[j])
     if pipelined:  # a rejection, or a bonus other than the guess, calls the pre-draft off
         gen.predrafts.expect(gen.committed.tokens + decision.tokens,
                              [guess] if guess is not None else [])

@@ -57,10 +57,11 @@ class PreDrafts:
 
     def start(self, committed: TokenPrefix, assumed_tokens: list[int], k: int,
               exit_below: float, lead: int = 0, prefill: bool = True, guess: bool = True,
-              keep_logits: bool = False, min_p: float = 0.0) -> None:
+              keep_logits: bool = False, min_p: float = 0.0,
+              guess_seed: int | None = None) -> None:
         """Propose k drafts and a guess (unless not `guess`) on top of `assumed_tokens`
         (the committed ids plus guesses) plus the draft's own first `lead` tokens (a
-        prefill's unless not `prefill`). keep_logits, min_p: as in Propose."""
+        prefill's unless not `prefill`). keep_logits, min_p, guess_seed: as in Propose."""
         replica = self.draft.replica
         if replica is None:
             return
@@ -72,7 +73,8 @@ class PreDrafts:
         def predraft():
             proposal = client.propose(sync, lead + k + (1 if guess else 0), self.sampling,
                                       self.top_n, self.draft.meter, exit_below, cancel,
-                                      keep_logits=keep_logits, min_p=min_p)
+                                      keep_logits=keep_logits, min_p=min_p,
+                                      guess_seed=guess_seed)
             return proposal, (assumed.tokens + proposal.tokens)[:proposal.cached_len]
 
         # Called off at any point, the draft still holds the kept prefix: a request never

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from draft_service.amateur import Amateur, ScoreArgs, ScoreResult
+from specdec import coupling
 from specdec.errors import Cancelled, require
 from specdec.runtime.cached_model import CachedModel, ServiceInfo
 from specdec.sampling import (
@@ -38,6 +39,7 @@ class ProposeArgs(SyncRequest):
     exit_below: float = 0.0  # confidence exit: stop after a token drawn with prob < this
     keep_logits: bool = False  # keep each step's logits for a later Score (contrastive)
     min_p: float = 0.0  # propose only tokens with q >= min_p * max q (0 = off)
+    guess_seed: int | None = None  # sampled: the first token by coupled Gumbel-max
 
 
 @dataclass
@@ -112,7 +114,8 @@ class DraftEngine:
                         if args.min_p > 0:  # q is sorted, most likely first
                             n = int((q >= args.min_p * q[0]).sum())
                             ids, q = ids[:n], q[:n] / q[:n].sum()
-                        j = sample(q, gen)
+                        j = sample(q, gen) if i or args.guess_seed is None else \
+                            coupling.draw(ids, q, args.guess_seed)
                         x, confidence = int(ids[j]), float(q[j])
                         dists.append(SparseQ(ids, q))
                     tokens.append(x)

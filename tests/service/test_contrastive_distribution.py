@@ -87,7 +87,7 @@ def test_the_target_distribution_fails_this_test(target_client, draft_client):
 @pytest.mark.slow
 def test_pipelined_rounds_keep_the_contrastive_distribution(draft_client, target_client):
     """Pipelined speculative form, K = 1: round 2's draft comes from a pre-draft whenever
-    round 1's draft and guessed bonus held (about 30% of generations here), else from a
+    round 1's draft and guessed bonus held (about a third of generations here), else from a
     fresh Propose. Both the joint law of the four tokens and the law of token 3 (round
     2's first, where a pre-drafted draft is verified; fewer cells, more power) are the
     contrastive ones."""
