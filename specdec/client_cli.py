@@ -148,8 +148,10 @@ def demo(args: argparse.Namespace) -> int:
 
 
 def stack_config(args: argparse.Namespace):
-    from specdec.pair import DEFAULT_PAIR, Pair
+    from specdec.pair import CONTRASTIVE_PAIR, DEFAULT_PAIR, Pair
     from specdec.stack import StackConfig
+
+    base = CONTRASTIVE_PAIR if getattr(args, "contrastive", False) else DEFAULT_PAIR
 
     def spec(default, model, flags):
         spec = default.with_(model=model, threads=args.threads)
@@ -157,9 +159,9 @@ def stack_config(args: argparse.Namespace):
             spec = spec.with_(backend=None, weights=None, extra=tuple(flags))
         return spec
 
-    pair = Pair(DEFAULT_PAIR.name if not (args.draft_arg or args.target_arg) else "custom",
-                spec(DEFAULT_PAIR.target, args.target_model, args.target_arg),
-                spec(DEFAULT_PAIR.draft, args.draft_model, args.draft_arg))
+    pair = Pair(base.name if not (args.draft_arg or args.target_arg) else "custom",
+                spec(base.target, args.target_model, args.target_arg),
+                spec(base.draft, args.draft_model, args.draft_arg))
     return StackConfig(pair=pair, k=args.k_default, port=args.port, http_port=args.http_port,
                        draft_port=args.draft_port, target_port=args.target_port,
                        pin=not args.no_pin, no_draft=args.no_draft,
@@ -193,6 +195,12 @@ def add_stack_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target-arg", action="append", metavar="FLAG",
                    help="flag for the target service, repeatable; replaces the default "
                         f"{' '.join(DEFAULT_PAIR.target.model_flags())}")
+    p.add_argument("--contrastive", action="store_true",
+                   help="start the draft so that it can serve contrastive decoding as the "
+                        "amateur: OpenVINO's dynamic quantization off ("
+                        "--dynamic-quantization off), which makes its logits depend on the "
+                        "prefix alone and its passes slower (docs/design.md section 17); "
+                        "without it, contrastive requests get FAILED_PRECONDITION")
     p.add_argument("--no-pipeline", action="store_true",
                    help="sequential rounds instead of pipelined drafting")
     p.add_argument("--no-pin", action="store_true",
