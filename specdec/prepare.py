@@ -41,6 +41,7 @@ from specdec.paths import (
     read_marker,
     source_stamp,
 )
+from specdec.runtime import layer_skip
 
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 VOCAB_SIZE = 49152
@@ -312,7 +313,9 @@ def _run(args: argparse.Namespace) -> int:
             from specdec.runtime.openvino_export import export
 
             for weights in [w.strip() for w in args.weights.split(",") if w.strip()]:
-                print(export(folder, weights, force=args.force, say=_stderr))
+                for skip in [()] + list(args.skip_layers or []):
+                    print(export(folder, weights, force=args.force, say=_stderr,
+                                 skip_layers=skip))
     except (FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
@@ -339,5 +342,12 @@ def add_prepare_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--weights", default="fp32,int8",
                    help="with --openvino: comma-separated weight formats among fp32, int8, "
                         "int4 (int4 uses group size 64) (default: %(default)s)")
+    p.add_argument("--skip-layers", action="append", type=layer_skip.arg, metavar="SET",
+                   help="with --openvino: also export the model minus these decoder layers "
+                        "(a layer-skip draft, python -m draft_service --skip-layers SET) at "
+                        "each --weights, next to it as "
+                        f"{SMOLLM2}-skipI_J_K-ov-WEIGHTS; repeatable; SET as in the draft's "
+                        "flag (3,5,7, 2-4, or @FILE)")
     p.set_defaults(func=_run)
     return p
+

@@ -164,12 +164,19 @@ def parse_cpus(text: str) -> set[int]:
 
 
 def load_backend(cfg: ModelServiceConfig):
+    skip = tuple(getattr(cfg, "skip_layers", ()))  # the draft's self-speculative set
+    backend = _load_backend(cfg, skip)
+    backend.skip_layers = skip
+    return backend
+
+
+def _load_backend(cfg: ModelServiceConfig, skip: tuple[int, ...]):
     if cfg.backend == "openvino":
         from specdec.runtime.openvino_backend import OpenVINOBackend
         from specdec.runtime.openvino_export import resolve_ir
         from specdec.runtime.openvino_paged import PagedOpenVINOBackend
 
-        ir_dir, model_id = resolve_ir(cfg.model, cfg.weights)
+        ir_dir, model_id = resolve_ir(cfg.model, cfg.weights, skip)
         kind = PagedOpenVINOBackend if cfg.kv_layout == "paged" else OpenVINOBackend
         return kind(ir_dir, cfg.device or "CPU", cfg.threads,
                                cfg.kv_cache_precision, cfg.performance_hint, model_id=model_id,
@@ -182,6 +189,10 @@ def load_backend(cfg: ModelServiceConfig):
 
     device = cfg.device or "cpu"
     loaded = load(cfg.model, device, cfg.dtype)
+    if skip:
+        from specdec.runtime.layer_skip import drop_layers
+
+        drop_layers(loaded.model, skip)
     if cfg.quantize == "int8":
         from specdec.runtime.models import quantize_int8
 
@@ -233,6 +244,11 @@ def log_start(kind: str, cfg: ModelServiceConfig, port: int, model: CachedModel)
     if cfg.backend == "openvino":
         extra += (f" weights={cfg.weights} kv={cfg.kv_cache_precision} layout={cfg.kv_layout}"
                   f" precision={getattr(model.backend, 'inference_precision', '?')}")
+    skip = getattr(model.backend, "skip_layers", ())
+    if skip:
+        from specdec.runtime.layer_skip import format_set
+
+        extra += f" skip-layers={format_set(skip)}"
     if cfg.cpus:
         extra += f" cpus={cfg.cpus}"
     if cfg.metrics_port > 0:

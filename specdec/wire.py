@@ -27,6 +27,7 @@ def info_to_proto(info: ServiceInfo) -> common_pb2.ModelInfo:
         backend=info.backend, device=info.device, max_draft_tokens=info.max_draft_tokens,
         max_sessions=info.max_sessions, default_top_n=info.default_top_n,
         batch_dependent_logits=info.batch_dependent_logits,
+        skip_layers=list(info.skip_layers),
     )
 
 

@@ -33,6 +33,7 @@ class ServiceInfo:
     max_sessions: int
     default_top_n: int = 0
     batch_dependent_logits: bool = False  # see common.proto ModelInfo
+    skip_layers: tuple[int, ...] = ()  # a layer-skip draft's skipped decoder layers
 
 
 class CachedModel:
@@ -57,7 +58,8 @@ class CachedModel:
         return ServiceInfo(b.loaded.model_id, b.vocab_size, b.loaded.tokenizer_digest,
                            b.max_context, b.name, str(b.device), max_draft_tokens,
                            self.store.max_sessions, default_top_n,
-                           getattr(b, "batch_dependent_logits", False))
+                           getattr(b, "batch_dependent_logits", False),
+                           tuple(getattr(b, "skip_layers", ())))
 
     def release(self, session_id: str) -> bool:
         require(bool(session_id), "session_id must not be empty")

@@ -62,11 +62,17 @@ def _save_ov_tokenizer(tokenizer, out: Path, say: Callable[[str], None]) -> None
 
 
 def export(hf_dir: Path, weights: str = "fp32", force: bool = False,
-           say: Callable[[str], None] = log.info) -> Path:
-    """The IR folder for `hf_dir` at `weights`, exporting it first unless cached."""
+           say: Callable[[str], None] = log.info, skip_layers: tuple[int, ...] = ()) -> Path:
+    """The IR folder for `hf_dir` at `weights`, exporting it first unless cached; with
+    `skip_layers`, of the model minus those layers (a layer-skip draft), exported from a
+    pruned copy of the folder (specdec.runtime.layer_skip)."""
     if weights not in WEIGHTS:
         raise ValueError(f"weights must be one of {', '.join(WEIGHTS)}, got {weights!r}")
     hf_dir = Path(hf_dir)
+    if skip_layers:
+        from specdec.runtime.layer_skip import prune_folder
+
+        hf_dir = prune_folder(hf_dir, tuple(skip_layers), say)
     out = ir_dir_for(hf_dir, weights)
     if not force and is_exported(out, hf_dir):
         say(f"already exported: {out}")
@@ -99,7 +105,7 @@ def export(hf_dir: Path, weights: str = "fp32", force: bool = False,
     return out
 
 
-def export_tiny(name: str, weights: str, home: Path) -> Path:
+def export_tiny(name: str, weights: str, home: Path, skip_layers: tuple[int, ...] = ()) -> Path:
     """A tiny built-in model as an HF folder under `home`, then its IR (cached).
 
     The folder name carries a hash of the tiny models' definition, so a change to it
@@ -115,25 +121,34 @@ def export_tiny(name: str, weights: str, home: Path) -> Path:
         loaded.tokenizer.save_pretrained(str(tmp))
         shutil.rmtree(hf_dir, ignore_errors=True)
         tmp.rename(hf_dir)
-    return export(hf_dir, weights)
+    return export(hf_dir, weights, skip_layers=skip_layers)
 
 
-def resolve_ir(model: str, weights: str) -> tuple[Path, str]:
-    """(IR folder, model_id) for a --model value and --weights."""
+def resolve_ir(model: str, weights: str, skip_layers: tuple[int, ...] = ()) -> tuple[Path, str]:
+    """(IR folder, model_id) for a --model value, --weights and --skip-layers."""
+    from specdec.runtime.layer_skip import format_set, pruned_dir_for
     from specdec.runtime.models import TINY_NAMES
 
+    def source(hf_dir: Path) -> Path:
+        return pruned_dir_for(hf_dir, skip_layers) if skip_layers else hf_dir
+
     if model in TINY_NAMES:
-        return export_tiny(model, weights, paths.default_home()), model
+        return export_tiny(model, weights, paths.default_home(), skip_layers), model
     if model in paths.PREPARED_NAMES:
-        ir = ir_dir_for(paths.model_dir(model), weights)
+        ir = ir_dir_for(source(paths.model_dir(model)), weights)
         if not (ir / "openvino_model.xml").exists():
-            raise FileNotFoundError(f"no {weights} OpenVINO IR for {model} at {ir}; run "
-                                    f"`specdec prepare --openvino --weights {weights}` first")
+            skip = f" --skip-layers {format_set(skip_layers)}" if skip_layers else ""
+            raise FileNotFoundError(f"no {weights} OpenVINO IR for {model}{skip} at {ir}; run "
+                                    f"`specdec prepare --openvino --weights {weights}{skip}` "
+                                    "first")
         return ir, model
     path = Path(model)
     if (path / "openvino_model.xml").exists():
+        if skip_layers:
+            raise ValueError(f"{model} is an OpenVINO IR; --skip-layers needs the Hugging "
+                             "Face folder it came from (or a prepared model name)")
         return path, path.name
-    ir = ir_dir_for(path, weights)
+    ir = ir_dir_for(source(path), weights)
     if (ir / "openvino_model.xml").exists():
         return ir, path.name
     raise FileNotFoundError(f"{model!r} holds no OpenVINO IR (openvino_model.xml) and no "
