@@ -9,7 +9,7 @@ import pytest
 from coordinator.config import CoordinatorConfig
 from coordinator.setup import build_service
 from specdec import pair as pairs
-from specdec.v1 import generate_pb2
+from tests.realmodel.conftest import greedy_k4_equals_target_only
 
 pytestmark = [pytest.mark.realmodel, pytest.mark.slow]
 
@@ -41,17 +41,7 @@ def service(prepared, request):
 
 @pytest.mark.parametrize("prompt", PROMPTS)
 def test_greedy_k4_equals_target_only(service, prompt):
-    def run(k):
-        req = generate_pb2.GenerateRequest(max_new_tokens=40, num_draft_tokens=k)
-        req.messages.add(role="user", content=prompt)
-        return service.generate(req)
-
-    base, spec = run(0), run(4)
-    print(f"\n{prompt}\n-> {spec.text!r}\n   accepted {spec.stats.accepted_tokens}/"
-          f"{spec.stats.drafted_tokens}")
-    assert list(spec.token_ids) == list(base.token_ids)
-    assert spec.text == base.text and spec.text.strip()
-    assert spec.stats.accepted_tokens > 0
+    spec = greedy_k4_equals_target_only(service, prompt)
     # The OpenVINO pair runs with pipelined drafting (the default of `specdec up`).
     if service.loop.policy.pipeline and len(spec.token_ids) >= 12:
         assert spec.stats.pipelined_rounds > 0

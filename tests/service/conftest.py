@@ -56,3 +56,18 @@ def evict_at(rounds: tuple[int, ...], *servers):
                     store.release(session_id)
 
     return evict
+
+
+@pytest.fixture(scope="module")
+def tmp_home(tmp_path_factory):
+    """SPECDEC_HOME in a fresh folder for one module (exports made there, not in the
+    user's cache), restored afterwards."""
+    import os
+
+    old = os.environ.get("SPECDEC_HOME")
+    os.environ["SPECDEC_HOME"] = str(tmp_path_factory.mktemp("specdec-home"))
+    yield
+    if old is None:
+        os.environ.pop("SPECDEC_HOME")
+    else:
+        os.environ["SPECDEC_HOME"] = old

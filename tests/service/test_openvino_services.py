@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from contextlib import ExitStack
 
 import grpc
@@ -18,18 +17,7 @@ PROMPTS = [[1, 2, 3, 4, 5], [700, 12, 99]]
 
 
 @pytest.fixture(scope="module")
-def ov_home(tmp_path_factory):
-    old = os.environ.get("SPECDEC_HOME")
-    os.environ["SPECDEC_HOME"] = str(tmp_path_factory.mktemp("specdec-home"))
-    yield
-    if old is None:
-        os.environ.pop("SPECDEC_HOME")
-    else:
-        os.environ["SPECDEC_HOME"] = old
-
-
-@pytest.fixture(scope="module")
-def ov_servers(ov_home):
+def ov_servers(tmp_home):
     """The default pair's services (OpenVINO target, int8 OpenVINO draft) on the tiny
     models, as processes."""
     pair = pairs.DEFAULT_PAIR.with_models("tiny-random", "tiny-random-draft")

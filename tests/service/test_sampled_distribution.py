@@ -16,13 +16,14 @@ PROMPT = [31, 415, 92, 65]
 TRIALS = 1500
 
 
-def target_joint(backend, params: SamplingParams, n: int = 2) -> dict[tuple[int, ...], float]:
+def target_joint(backend, params: SamplingParams, n: int = 2,
+                 prompt: list[int] = PROMPT) -> dict[tuple[int, ...], float]:
     """Exact P(t1..tn) = p(t1 | prompt) * p(t2 | prompt, t1) * ... from the target model."""
     joint: dict[tuple[int, ...], float] = {(): 1.0}
     for _ in range(n):
         longer = {}
         for prefix, prob in joint.items():
-            p = process_logits(backend.forward(backend.new_cache(), PROMPT + list(prefix))[0],
+            p = process_logits(backend.forward(backend.new_cache(), prompt + list(prefix))[0],
                                params)
             for t in p.nonzero().flatten().tolist():
                 longer[prefix + (t,)] = prob * float(p[t])

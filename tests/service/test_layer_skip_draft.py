@@ -1,0 +1,99 @@
+"""A self-speculative draft over the real servers: the target's own model with a layer
+skipped (draft --skip-layers), on torch and on OpenVINO (an IR exported for the set),
+gives target-only greedy output, and says its skip set in ModelInfo."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from coordinator.clients import DraftClient
+from coordinator.loop import SpeculativeLoop
+from coordinator.policy import LoopPolicy
+from draft_service.__main__ import create as create_draft
+from draft_service.config import DraftConfig, from_args
+from specdec.sampling import SamplingParams
+from specdec.v1 import common_pb2
+
+PROMPTS = [[1, 2, 3, 4, 5], [700, 12, 99], [42]]
+GREEDY = SamplingParams()
+
+
+@pytest.fixture(scope="module", params=[("torch", (0,)), ("torch", (1,)),
+                                        ("openvino", (1,))],
+                ids=["torch-skip0", "torch-skip1", "openvino-skip1"])
+def skip_draft(request, tmp_home):
+    backend, skip = request.param
+    server, port, engine = create_draft(DraftConfig(model="tiny-random", backend=backend,
+                                                    skip_layers=skip, port=0))
+    server.start()
+    yield DraftClient(grpc.insecure_channel(f"127.0.0.1:{port}")), skip
+    server.stop(0)
+
+
+@pytest.mark.parametrize("k", [1, 4])
+def test_greedy_with_a_layer_skip_draft_equals_target_only(skip_draft, target_client, k):
+    draft, skip = skip_draft
+    loop = SpeculativeLoop(draft, target_client, LoopPolicy(pipeline=False))
+    accepted = drafted = 0
+    for prompt in PROMPTS:
+        baseline = loop.generate(prompt, 32, GREEDY, num_draft_tokens=0)
+        result = loop.generate(prompt, 32, GREEDY, num_draft_tokens=k)
+        assert result.token_ids == baseline.token_ids, (prompt, k)
+        accepted += result.stats.accepted_tokens
+        drafted += result.stats.drafted_tokens
+    if skip == (1,):
+        assert 0 < accepted < drafted  # the half-model drafts, and is often wrong
+    else:
+        # Without its first layer the tiny target never agrees with itself: only the
+        # rejection path runs, and the output is still the target's.
+        assert drafted > 0
+
+
+def test_the_skip_set_is_in_model_info(skip_draft):
+    draft, skip = skip_draft
+    info = draft.stub.Info(common_pb2.InfoRequest())
+    assert tuple(info.skip_layers) == skip and info.model_id == "tiny-random"
+
+
+def test_a_set_the_model_cannot_skip_stops_the_service_with_a_reason():
+    with pytest.raises(ValueError, match=r"has 2 decoder layers \(0-1\); 2 is not"):
+        create_draft(DraftConfig(model="tiny-random", skip_layers=(2,), port=0))
+    with pytest.raises(ValueError, match="keep at least one"):
+        create_draft(DraftConfig(model="tiny-random", skip_layers=(0, 1), port=0))
+    with pytest.raises(SystemExit):
+        from_args(["--model", "tiny-random", "--skip-layers", "1,x"])
+
+
+@pytest.mark.slow
+def test_sampled_output_with_a_layer_skip_draft_follows_the_target(tmp_home, target_client,
+                                                                    target_server):
+    """The chi-square test of the two-token joint law (as for the model draft), with the
+    target's own model minus its second layer as the draft."""
+    from collections import Counter
+
+    from tests.service.test_sampled_distribution import chi_square_p_value, target_joint
+
+    prompt = [414, 274, 1, 23]  # where the half-model's top 6 overlap the target's most
+
+    server, port, _ = create_draft(DraftConfig(model="tiny-random", skip_layers=(1,), port=0))
+    server.start()
+    try:
+        loop = SpeculativeLoop(DraftClient(grpc.insecure_channel(f"127.0.0.1:{port}")),
+                               target_client, LoopPolicy(pipeline=False))
+        params = SamplingParams(temperature=1.0, top_k=6)
+        expected = target_joint(target_server[1].model.backend, params, prompt=prompt)
+        counts: Counter = Counter()
+        accepted = drafted = 0
+        trials = 1500
+        for seed in range(trials):
+            result = loop.generate(prompt, 2, SamplingParams(1.0, 6, 1.0, seed), 2)
+            counts[tuple(result.token_ids)] += 1
+            accepted += result.stats.accepted_tokens
+            drafted += result.stats.drafted_tokens
+    finally:
+        server.stop(0)
+    assert 0 < accepted < drafted
+    p_value = chi_square_p_value(counts, expected, trials)
+    print(f"chi-square p = {p_value:.3f}, acceptance = {accepted / drafted:.2f}")
+    assert p_value > 1e-3, (p_value, counts.most_common(8))
