@@ -279,11 +279,8 @@ PARAMS = SamplingParams(temperature=1.0, top_k=6)
 
 
 def joint(backend, prompt: list[int], params: SamplingParams) -> dict:
-    """Exact P(t1, t2 | prompt) under `backend`: test_sampled_distribution's target_joint,
-    which reads its module's PROMPT, pointed at `prompt`."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(sampled_distribution, "PROMPT", prompt)
-        return sampled_distribution.target_joint(backend, params)
+    """Exact P(t1, t2 | prompt) under `backend` (test_sampled_distribution's target_joint)."""
+    return sampled_distribution.target_joint(backend, params, prompt=prompt)
 
 
 def p_value_against(counts: Counter, law: dict) -> float:

@@ -17,8 +17,9 @@ TRIALS = 1500
 
 
 def target_joint(backend, params: SamplingParams, n: int = 2,
-                 prompt: list[int] = PROMPT) -> dict[tuple[int, ...], float]:
+                 prompt: list[int] | None = None) -> dict[tuple[int, ...], float]:
     """Exact P(t1..tn) = p(t1 | prompt) * p(t2 | prompt, t1) * ... from the target model."""
+    prompt = PROMPT if prompt is None else prompt
     joint: dict[tuple[int, ...], float] = {(): 1.0}
     for _ in range(n):
         longer = {}
