@@ -78,6 +78,12 @@ def parser() -> argparse.ArgumentParser:
     from specdec.bench.eval_cli import add_parser as add_eval
 
     add_eval(sub)
+    from specdec.skip_tune.cli import add_parser as add_tune_skip
+
+    add_tune_skip(sub)
+    from specdec.bench.skip import add_parser as add_bench_skip
+
+    add_bench_skip(sub)
     return p
 
 

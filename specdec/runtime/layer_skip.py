@@ -17,6 +17,7 @@ model's layer count, and it is part of the draft's ModelInfo.
 from __future__ import annotations
 
 import argparse
+from contextlib import contextmanager
 from pathlib import Path
 
 SkipSet = tuple[int, ...]
@@ -85,28 +86,50 @@ def decoder_layers(model):
     return layers
 
 
-def drop_layers(model, skip: SkipSet) -> None:
-    """Remove the `skip` layers from `model` in place. The kept layers are renumbered
-    0..n-1 (their attention's layer_idx picks its slot in the KV cache, which has one
-    slot per layer of config.num_hidden_layers), so caches and exports see an ordinary
-    n-layer model."""
+def _set_layers(model, layers: list, layer_types: list | None) -> None:
+    """Make `layers` the model's decoder, numbered 0..n-1 (their attention's layer_idx
+    picks its slot in the KV cache, which has one slot per layer of
+    config.num_hidden_layers), so caches and exports see an ordinary n-layer model."""
     from torch import nn
 
-    layers = decoder_layers(model)
-    validate(skip, len(layers))
-    kept = [layer for i, layer in enumerate(layers) if i not in set(skip)]
-    for new_index, layer in enumerate(kept):
+    for new_index, layer in enumerate(layers):
         attention = getattr(layer, "self_attn", None)
         if attention is not None and hasattr(attention, "layer_idx"):
             attention.layer_idx = new_index
         if hasattr(layer, "layer_idx"):
             layer.layer_idx = new_index
-    model.model.layers = nn.ModuleList(kept)
-    config = model.config
-    types = getattr(config, "layer_types", None)
-    if types:
-        config.layer_types = [t for i, t in enumerate(types) if i not in set(skip)]
-    config.num_hidden_layers = len(kept)
+    model.model.layers = nn.ModuleList(layers)
+    if layer_types:
+        model.config.layer_types = layer_types
+    model.config.num_hidden_layers = len(layers)
+
+
+def _kept(model, skip: SkipSet) -> tuple[list, list | None]:
+    layers = decoder_layers(model)
+    validate(skip, len(layers))
+    types = getattr(model.config, "layer_types", None)
+    keep = [i for i in range(len(layers)) if i not in set(skip)]
+    return [layers[i] for i in keep], [types[i] for i in keep] if types else None
+
+
+def drop_layers(model, skip: SkipSet) -> None:
+    """Remove the `skip` layers from `model` in place, the kept ones renumbered."""
+    _set_layers(model, *_kept(model, skip))
+
+
+@contextmanager
+def skipped(model, skip: SkipSet):
+    """`model` without the `skip` layers inside the block, whole again after it: one
+    loaded model evaluates many skip sets (specdec tune-skip). Caches made inside the
+    block belong to the smaller model."""
+    layers = list(decoder_layers(model))
+    types = getattr(model.config, "layer_types", None)
+    types = list(types) if types else None
+    _set_layers(model, *_kept(model, skip))
+    try:
+        yield model
+    finally:
+        _set_layers(model, layers, types)
 
 
 MARKER = ".specdec-skip.json"

@@ -102,3 +102,22 @@ def test_pruned_folders_are_named_by_their_set(tmp_path):
     folder = pruned_dir_for(tmp_path / "smollm2-135m", (3, 5, 7))
     assert folder == tmp_path / "smollm2-135m-skip3_5_7"
     assert ir_dir_for(folder, "int8").name == "smollm2-135m-skip3_5_7-ov-int8"
+
+
+def test_skipped_is_the_pruned_model_inside_and_the_whole_one_after():
+    from specdec.runtime.layer_skip import skipped
+
+    loaded = build_tiny(TINY_TARGET)
+    pruned = build_tiny(TINY_TARGET)
+    drop_layers(pruned.model, (0,))
+    ids = torch.tensor([[5, 17, 300, 42]])
+    with torch.no_grad():
+        whole = loaded.model(ids).logits
+        with skipped(loaded.model, (0,)) as model:
+            assert len(model.model.layers) == 1 and model.config.num_hidden_layers == 1
+            inside = model(ids).logits
+        after = loaded.model(ids).logits
+    assert torch.allclose(inside, pruned.model(ids).logits, atol=1e-6)
+    assert torch.equal(after, whole)
+    assert loaded.model.config.num_hidden_layers == 2
+    assert [layer.self_attn.layer_idx for layer in loaded.model.model.layers] == [0, 1]

@@ -1,0 +1,169 @@
+"""`specdec bench-skip`: layer-skip drafts through the real services, side by side.
+
+For each draft (today's int8 draft, the set `specdec tune-skip` chose, random sets of
+the same size, and any --set), the target and that draft are started as processes
+(pinned as specdec.pair.placement says) and the same chat prompts are generated
+greedily target-only (K=0), with sequential rounds and with pipelined rounds, through
+the coordinator's GenerationService in this process, interleaved per prompt. Reports
+acceptance, draft ms per drafted token (Propose time over drafted tokens), median
+tokens/s, the speedup of each loop (harness.SPEEDUP_DEFINITION), the cost model's
+prediction next to the measured sequential speedup, and whether every speculative
+text equals its target-only twin.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from contextlib import ExitStack
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from tqdm import tqdm
+
+from specdec.bench import harness
+from specdec.runtime import layer_skip
+
+PROMPTS_DEFAULT = 4  # of specdec.bench.prompts.PROMPTS
+
+
+@dataclass
+class Row:
+    draft: str
+    skip: str
+    k: int
+    target_only_tokens_per_s: float
+    sequential_tokens_per_s: float
+    pipelined_tokens_per_s: float
+    sequential_speedup: float  # harness.SPEEDUP_DEFINITION
+    pipelined_speedup: float
+    acceptance: float  # accepted / drafted, sequential rounds
+    draft_ms_per_token: float  # Propose time / drafted tokens, sequential rounds
+    predicted_speedup: float | None  # the cost model's, sequential, at this K
+    exact: bool
+
+
+def _stats(samples, name: str) -> tuple[float, float]:
+    mine = [s for s in samples if s.scenario == name]
+    drafted = sum(s.drafted for s in mine)
+    return (sum(s.accepted for s in mine) / max(drafted, 1),
+            1000 * sum(sum(s.propose_s) for s in mine) / max(drafted, 1))
+
+
+def measure(label: str, skip: layer_skip.SkipSet, k: int, messages: list[str],
+            max_new_tokens: int, repeats: int, model: str, predicted=None) -> Row:
+    from coordinator.config import CoordinatorConfig
+    from coordinator.setup import build_service
+    from specdec import pair as pairs
+    from specdec.bench.system import BASELINE, SystemScenario
+
+    pair = pairs.DEFAULT_PAIR.with_models(model, model)
+    if skip:
+        pair = pairs.Pair(label, pair.target, pair.draft.with_(
+            extra=pair.draft.extra + ("--skip-layers", layer_skip.format_set(skip))))
+    with ExitStack() as stack:
+        running = pairs.start(pair, stack)
+
+        def service(pipeline: bool):
+            return build_service(CoordinatorConfig(target=running.target.address,
+                                                   draft=running.draft.address,
+                                                   pipeline=pipeline))
+
+        seq, pip = SystemScenario(service(False), k), SystemScenario(service(True), k,
+                                                                     "pipelined")
+        base = SystemScenario(service(False), 0)
+        samples = harness.run_side_by_side([base, seq, pip], messages, max_new_tokens,
+                                           repeats, warmup=True, desc=label)
+    by = {sc.name: [s for s in samples if s.scenario == sc.name] for sc in (base, seq, pip)}
+    exact = all(s.token_ids == b.token_ids for name in (seq.name, pip.name)
+                for s, b in zip(by[name], by[BASELINE], strict=True))
+    acceptance, draft_ms = _stats(samples, seq.name)
+    return Row(label, layer_skip.format_set(skip), k,
+               harness.median_tps(samples, BASELINE), harness.median_tps(samples, seq.name),
+               harness.median_tps(samples, pip.name),
+               harness.speedup(samples, seq.name, BASELINE) or 0.0,
+               harness.speedup(samples, pip.name, BASELINE) or 0.0,
+               acceptance, draft_ms, predicted, exact)
+
+
+def table(rows: list[Row]) -> str:
+    lines = ["| draft | skipped layers | K | acceptance | draft ms/token | predicted "
+             "(cost model) | sequential speedup | pipelined speedup | tok/s target-only / "
+             "seq / pipelined | exact |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        pred = f"{r.predicted_speedup:.2f}x" if r.predicted_speedup is not None else "-"
+        lines.append(
+            f"| {r.draft} | {r.skip or 'none'} | {r.k} | {r.acceptance:.2f} | "
+            f"{r.draft_ms_per_token:.1f} | {pred} | {r.sequential_speedup:.2f}x | "
+            f"{r.pipelined_speedup:.2f}x | {r.target_only_tokens_per_s:.1f} / "
+            f"{r.sequential_tokens_per_s:.1f} / {r.pipelined_tokens_per_s:.1f} | "
+            f"{'yes' if r.exact else 'NO'} |")
+    return "\n".join(lines)
+
+
+def drafts(tuned: layer_skip.SkipSet | None, extra: list[layer_skip.SkipSet], randoms: int,
+           seed: int, layers: int) -> list[tuple[str, layer_skip.SkipSet]]:
+    """(label, set) per row: the int8 draft, the tuned set, random sets of its size,
+    then the extra sets."""
+    out = [("int8 draft (default)", ())]
+    if tuned:
+        out.append(("tuned (specdec tune-skip)", tuned))
+        rng = random.Random(seed)
+        seen = {tuned}
+        while len(seen) <= randoms and len(seen) < 100:
+            s = tuple(sorted(rng.sample(range(layers), len(tuned))))
+            if s not in seen:
+                seen.add(s)
+                out.append((f"random {len(tuned)}", s))
+    out += [("given", s) for s in extra]
+    return out
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("bench-skip", help="layer-skip drafts through the services, side by "
+                       "side", description=__doc__.split("\n\n")[0] + " Exports each set's "
+                       "int8 IR first if needed (specdec prepare --skip-layers).")
+    p.add_argument("--tuned", type=layer_skip.arg, metavar="SET",
+                   help="the tuned set, usually @FILE from specdec tune-skip")
+    p.add_argument("--tune-json", metavar="FILE",
+                   help="specdec tune-skip --json output: its predictions fill the "
+                        "'predicted' column (the K there is the bench's --k)")
+    p.add_argument("--random", type=int, default=2,
+                   help="random sets of the tuned set's size (default: %(default)s)")
+    p.add_argument("--set", dest="sets", action="append", type=layer_skip.arg, default=[],
+                   metavar="SET", help="a further set to measure (repeatable)")
+    p.add_argument("--k", type=int, default=4, help="draft tokens per round (default: 4)")
+    p.add_argument("--prompts", type=int, default=PROMPTS_DEFAULT,
+                   help="the first N shipped benchmark prompts (default: %(default)s)")
+    p.add_argument("--max-new-tokens", type=int, default=64,
+                   help="tokens per generation (default: %(default)s)")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="passes over the prompts (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random sets (default: 0)")
+    p.add_argument("--model", default="smollm2-135m", help="model (default: %(default)s)")
+    p.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
+    p.set_defaults(func=main)
+
+
+def main(args) -> int:
+    from specdec.bench.prompts import PROMPTS
+    from specdec.prepare import prepare_smollm2
+    from specdec.runtime.openvino_export import export
+    from specdec.skip_tune.predict import predictor
+
+    folder = prepare_smollm2()
+    layers = json.loads((folder / "config.json").read_text())["num_hidden_layers"]
+    rows_wanted = drafts(args.tuned, args.sets, args.random, args.seed, layers)
+    predict = predictor(args.tune_json, args.k) if args.tune_json else (lambda s: None)
+    messages = [m for _, m in PROMPTS[:args.prompts]]
+    rows = []
+    for label, skip in tqdm(rows_wanted, desc="drafts", unit="draft"):
+        if skip:
+            export(folder, "int8", skip_layers=skip)
+        rows.append(measure(label, skip, args.k, messages, args.max_new_tokens,
+                            args.repeats, args.model, predict(skip)))
+    print(table(rows))
+    print(f"speedup: {harness.SPEEDUP_DEFINITION}")
+    if args.json:
+        Path(args.json).write_text(json.dumps([asdict(r) for r in rows], indent=2) + "\n")
+    return 0 if all(r.exact for r in rows) else 1
