@@ -16,11 +16,23 @@ def create(cfg: DraftConfig) -> tuple[SpecdecServer, int, DraftEngine]:
     """Check the TLS files (before the slow part), load the model, build the (not yet
     started) server, serve metrics if asked."""
     tls = server_tls(cfg.tls_cert, cfg.tls_key, cfg.tls_client_ca)
-    engine = DraftEngine(load_cached_model(cfg), cfg.max_draft_tokens, cfg.top_n)
+    engine = DraftEngine(load_cached_model(cfg), cfg.max_draft_tokens, cfg.top_n,
+                         policy=skip_policy(cfg))
     grpc_server, port = build_server(cfg.address, [server.service(engine)],
                                      max_workers=cfg.workers, tls=tls)
     start_metrics("draft", cfg, engine.model)
     return grpc_server, port, engine
+
+
+def skip_policy(cfg: DraftConfig):
+    """The on-the-fly skip policy --skip-on-the-fly asks for, else None."""
+    if not cfg.skip_on_the_fly:
+        return None
+    from draft_service.skip_policy import SkipPolicy
+
+    order = cfg.skip_on_the_fly
+    return SkipPolicy(order, len(order) if cfg.skip_max < 0 else cfg.skip_max,
+                      window=cfg.skip_window)
 
 
 def main(argv: list[str] | None = None) -> int:

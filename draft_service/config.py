@@ -22,6 +22,9 @@ class DraftConfig(ServerTLSFields, ModelServiceConfig):
     # against 25.1 ms in bf16 alone, and 37.7 against 63.7 ms for a batch of 8.
     inference_precision: str = "f32"
     skip_layers: tuple[int, ...] = ()  # a self-speculative draft: the target minus these
+    skip_on_the_fly: tuple[int, ...] = ()  # ranked layers an on-the-fly draft may skip
+    skip_max: int = -1  # at most this many of them; -1 = all
+    skip_window: int = 16  # rounds per on-the-fly decision
 
 
 def parser() -> argparse.ArgumentParser:
@@ -41,6 +44,19 @@ def parser() -> argparse.ArgumentParser:
                         "them from a file (what specdec tune-skip writes); the OpenVINO "
                         "backend needs an IR exported for the set (specdec prepare "
                         "--skip-layers SET); default: none")
+    p.add_argument("--skip-on-the-fly", type=layer_skip.order_arg, default=(),
+                   metavar="ORDER",
+                   help="choose the skip set during generation (torch backend): skip the "
+                        "first m layers of this ranked list, m chosen from the rounds' "
+                        "observed tokens per second (draft_service.skip_policy; SWIFT), "
+                        "e.g. 12,25,3 or @FILE (specdec tune-skip writes <study>.order); "
+                        "default: off")
+    p.add_argument("--skip-max", type=int, default=-1,
+                   help="with --skip-on-the-fly: skip at most this many layers (default: "
+                        "the whole list)")
+    p.add_argument("--skip-window", type=int, default=16,
+                   help="with --skip-on-the-fly: rounds between decisions; each decision "
+                        "moves m by at most one (default: %(default)s)")
     add_server_tls_flags(p)
     return p
 

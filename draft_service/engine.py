@@ -10,8 +10,10 @@ the next request's keep_len drops rejected drafts or feeds it when all were acce
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -29,6 +31,9 @@ from specdec.sampling import (
 )
 from specdec.sync import SyncRequest
 from specdec.verify import SparseQ, argmax
+
+if TYPE_CHECKING:
+    from draft_service.skip_policy import SkipPolicy
 
 
 @dataclass
@@ -52,8 +57,11 @@ class ProposeResult:
 
 class DraftEngine:
     def __init__(self, model: CachedModel, max_draft_tokens: int = 16,
-                 default_top_n: int = DEFAULT_TOP_N):
+                 default_top_n: int = DEFAULT_TOP_N, policy: SkipPolicy | None = None):
         self.model = model
+        # skipping on the fly: the policy picks the set, the backend's layers apply it
+        self.policy = policy
+        self.dynamic = getattr(model.backend, "dynamic_skip", None) if policy else None
         self.max_draft_tokens = max_draft_tokens
         self.default_top_n = default_top_n
         self.amateur = Amateur(model, max_draft_tokens + 1)
@@ -97,6 +105,9 @@ class DraftEngine:
         k = args.num_tokens
         with self.model.store.use(args.session_id, args.keep_len, args.keep_digest,
                                   needed, busy_wait_s=busy_wait_s) as s:
+            if self.dynamic is not None:
+                self._observe(s, args)
+                self.dynamic.set(self.policy.skip_set())
             try:
                 # Steps run in lockstep with other sessions' (specdec.runtime.batching):
                 # `more` says this session's next step follows at once.
@@ -126,9 +137,29 @@ class DraftEngine:
                     passes.append(s.last_pass.seconds)
             finally:
                 self.model.done_stepping(s)
+            if self.dynamic is not None:
+                s.drafted_with = (self.policy.m, args.keep_len + len(args.new_tokens),
+                                  tuple(tokens), time.perf_counter())
         # The first pass may be a prefill; the steps after it say what a token costs.
         steps = passes[1:] or passes
         return ProposeResult(tokens, dists, s.cached_len, sum(steps) / len(steps))
+
+    def _observe(self, s, args: ProposeArgs) -> None:
+        """Tell the policy how the session's previous round went: how many of its drafts
+        the coordinator kept (read off this request's prefix) and how long the round
+        took, Propose to Propose."""
+        last = getattr(s, "drafted_with", None)
+        if last is None:
+            return
+        s.drafted_with = None
+        m, start, tokens, t0 = last
+        if args.keep_len < start:  # the session went back further: not a round's outcome
+            return
+        truth = list(tokens[:args.keep_len - start]) + list(args.new_tokens)
+        accepted = 0
+        while accepted < min(len(tokens), len(truth)) and truth[accepted] == tokens[accepted]:
+            accepted += 1
+        self.policy.observe(m, accepted, time.perf_counter() - t0)
 
     def score(self, args: ScoreArgs, cancelled: Callable[[], bool] = lambda: False,
               busy_wait_s: float = 0.0) -> ScoreResult:

@@ -165,12 +165,16 @@ def parse_cpus(text: str) -> set[int]:
 
 def load_backend(cfg: ModelServiceConfig):
     skip = tuple(getattr(cfg, "skip_layers", ()))  # the draft's self-speculative set
-    backend = _load_backend(cfg, skip)
+    order = tuple(getattr(cfg, "skip_on_the_fly", ()))
+    if order and (skip or cfg.backend == "openvino"):
+        raise ValueError("--skip-on-the-fly needs --backend torch and no --skip-layers (it "
+                         "chooses the set itself, from the whole model)")
+    backend = _load_backend(cfg, skip, order)
     backend.skip_layers = skip
     return backend
 
 
-def _load_backend(cfg: ModelServiceConfig, skip: tuple[int, ...]):
+def _load_backend(cfg: ModelServiceConfig, skip: tuple[int, ...], order: tuple[int, ...] = ()):
     if cfg.backend == "openvino":
         from specdec.runtime.openvino_backend import OpenVINOBackend
         from specdec.runtime.openvino_export import resolve_ir
@@ -193,11 +197,19 @@ def _load_backend(cfg: ModelServiceConfig, skip: tuple[int, ...]):
         from specdec.runtime.layer_skip import drop_layers
 
         drop_layers(loaded.model, skip)
+    dynamic = None
+    if order:
+        from specdec.runtime.dynamic_skip import DynamicSkip
+        from specdec.runtime.layer_skip import validate
+
+        validate(order, int(loaded.model.config.num_hidden_layers))
+        dynamic = DynamicSkip(loaded.model)
     if cfg.quantize == "int8":
         from specdec.runtime.models import quantize_int8
 
         quantize_int8(loaded)
     backend = TorchBackend(loaded, device)
+    backend.dynamic_skip = dynamic
     # torch's dynamic int8 scales activations per pass: logits depend on the batch.
     backend.batch_dependent_logits = cfg.quantize == "int8"
     return backend
@@ -249,6 +261,9 @@ def log_start(kind: str, cfg: ModelServiceConfig, port: int, model: CachedModel)
         from specdec.runtime.layer_skip import format_set
 
         extra += f" skip-layers={format_set(skip)}"
+    order = getattr(cfg, "skip_on_the_fly", ())
+    if order:
+        extra += f" skip-on-the-fly={','.join(map(str, order))}"
     if cfg.cpus:
         extra += f" cpus={cfg.cpus}"
     if cfg.metrics_port > 0:

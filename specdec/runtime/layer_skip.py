@@ -23,17 +23,23 @@ from pathlib import Path
 SkipSet = tuple[int, ...]
 
 
+def _read(text: str) -> str:
+    """`text`, or the first line of the file "@path" names."""
+    text = text.strip()
+    if not text.startswith("@"):
+        return text
+    path = Path(text[1:])
+    try:
+        content = path.read_text().strip()
+    except OSError as e:
+        raise ValueError(f"{text}: cannot read {path}: {e.strerror}") from e
+    return content.splitlines()[0].strip() if content else ""
+
+
 def parse(text: str) -> SkipSet:
     """A skip set from "3,5,7", "3-5,9" or "@file" (whose text is the same); sorted and
     unique. "" is the empty set. ValueError names what is wrong."""
-    text = text.strip()
-    if text.startswith("@"):
-        path = Path(text[1:])
-        try:
-            text = path.read_text().strip()
-        except OSError as e:
-            raise ValueError(f"--skip-layers {text}: cannot read {path}: {e.strerror}") from e
-        text = text.splitlines()[0].strip() if text else ""
+    text = _read(text)
     layers: set[int] = set()
     for part in filter(None, (p.strip() for p in text.split(","))):
         lo, dash, hi = part.partition("-")
@@ -47,6 +53,25 @@ def parse(text: str) -> SkipSet:
                              ">= 0")
         layers.update(range(first, last + 1))
     return tuple(sorted(layers))
+
+
+def parse_order(text: str) -> SkipSet:
+    """A ranked list of layers ("12,25,3", ranges allowed, or "@file"), in the order
+    written, each once: the order in which an on-the-fly draft skips them."""
+    order: list[int] = []
+    for part in (p.strip() for p in _read(text).split(",")):
+        for i in parse(part) if part else ():
+            if i not in order:
+                order.append(i)
+    return tuple(order)
+
+
+def order_arg(text: str) -> SkipSet:
+    """`parse_order` as an argparse type."""
+    try:
+        return parse_order(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def arg(text: str) -> SkipSet:

@@ -40,6 +40,9 @@ class Session:
     rows: dict[int, Any] = field(default_factory=dict)
     # (n, x): the draft's request drew x after the first n tokens (fed, or about to be).
     next_token: tuple[int, int] | None = None
+    # An on-the-fly skipping draft's last round: (m, first drafted position, drafted
+    # tokens, when it was proposed); draft_service.engine reads its outcome next time.
+    drafted_with: tuple | None = None
 
     @property
     def tokens(self) -> list[int]:

@@ -97,3 +97,73 @@ def test_sampled_output_with_a_layer_skip_draft_follows_the_target(tmp_home, tar
     p_value = chi_square_p_value(counts, expected, trials)
     print(f"chi-square p = {p_value:.3f}, acceptance = {accepted / drafted:.2f}")
     assert p_value > 1e-3, (p_value, counts.most_common(8))
+
+
+@pytest.fixture(scope="module")
+def on_the_fly_draft(tmp_home):
+    """The tiny target as a draft that chooses per round whether to skip layer 1."""
+    server, port, engine = create_draft(DraftConfig(model="tiny-random", port=0,
+                                                    skip_on_the_fly=(1,), skip_window=2))
+    server.start()
+    yield DraftClient(grpc.insecure_channel(f"127.0.0.1:{port}")), engine
+    server.stop(0)
+
+
+@pytest.mark.parametrize("k", [1, 4])
+def test_greedy_with_skipping_on_the_fly_equals_target_only(on_the_fly_draft, target_client,
+                                                            k):
+    draft, engine = on_the_fly_draft
+    loop = SpeculativeLoop(draft, target_client, LoopPolicy(pipeline=False))
+    for prompt in PROMPTS * 2:
+        baseline = loop.generate(prompt, 32, GREEDY, num_draft_tokens=0)
+        result = loop.generate(prompt, 32, GREEDY, num_draft_tokens=k)
+        assert result.token_ids == baseline.token_ids, (prompt, k)
+    # It measured both depths and moved between them, one step per decision.
+    assert set(engine.policy.rates) == {0, 1}
+    assert {0, 1} <= set(engine.policy.history)
+    assert all(abs(a - b) <= 1 for a, b in zip(engine.policy.history,
+                                                engine.policy.history[1:], strict=False))
+
+
+def test_skipping_on_the_fly_needs_the_torch_backend_and_no_fixed_set():
+    with pytest.raises(ValueError, match="needs --backend torch and no --skip-layers"):
+        create_draft(DraftConfig(model="tiny-random", backend="openvino", port=0,
+                                 skip_on_the_fly=(1,)))
+    with pytest.raises(ValueError, match="needs --backend torch and no --skip-layers"):
+        create_draft(DraftConfig(model="tiny-random", port=0, skip_layers=(0,),
+                                 skip_on_the_fly=(1,)))
+    with pytest.raises(ValueError, match=r"has 2 decoder layers \(0-1\); 5 is not"):
+        create_draft(DraftConfig(model="tiny-random", port=0, skip_on_the_fly=(5,)))
+
+
+@pytest.mark.slow
+def test_sampled_output_skipping_on_the_fly_follows_the_target(tmp_home, target_client,
+                                                               target_server):
+    """The chi-square test with a draft that switches between the whole model and the
+    model without layer 1 as often as it can (K=1 over 4 tokens: every generation
+    proposes at least twice, so the policy hears of its first round): its
+    q is whichever it sampled from. The law checked is that of the first two tokens."""
+    from collections import Counter
+
+    from tests.service.test_sampled_distribution import chi_square_p_value, target_joint
+
+    prompt = [414, 274, 1, 23]
+    server, port, engine = create_draft(DraftConfig(model="tiny-random", port=0,
+                                                    skip_on_the_fly=(1,), skip_window=1))
+    server.start()
+    try:
+        loop = SpeculativeLoop(DraftClient(grpc.insecure_channel(f"127.0.0.1:{port}")),
+                               target_client, LoopPolicy(pipeline=False))
+        params = SamplingParams(temperature=1.0, top_k=6)
+        expected = target_joint(target_server[1].model.backend, params, prompt=prompt)
+        counts: Counter = Counter()
+        trials = 1500
+        for seed in range(trials):
+            result = loop.generate(prompt, 4, SamplingParams(1.0, 6, 1.0, seed), 1)
+            counts[tuple(result.token_ids[:2])] += 1
+    finally:
+        server.stop(0)
+    assert {0, 1} <= set(engine.policy.history)
+    p_value = chi_square_p_value(counts, expected, trials)
+    print(f"chi-square p = {p_value:.3f}, decisions {len(engine.policy.history)}")
+    assert p_value > 1e-3, (p_value, counts.most_common(8))
