@@ -108,7 +108,7 @@ def _round(gen, k: int, remaining: int, params: ContrastiveParams, round_seed: i
     feed = None
     if pipelined:
         gen.predrafts.start(gen.committed, seq.tokens, len(drafts), 0.0, lead=1,
-                            prefill=False, guess=False, keep_logits=True, min_p=params.alpha,
+                            guess=False, keep_logits=True, min_p=params.alpha,
                             guess_seed=bonus_seed)
     else:
         feed = gen.loop.amateur_pool.submit(gen.draft.score, seq, [], params, 1)

@@ -243,7 +243,7 @@ class Generation:
             # draft prefills and proposes from the prompt, its own first token standing in
             # for the target's (lead=1); round 2 uses those drafts when the guess holds.
             self.predrafts.start(self.committed, committed, min(k, max_propose - 2),
-                                 self.exit_below, lead=1)
+                                 self.exit_below, lead=1, prefill=True)
             k = 0
         if proposal is None and k > 0 and self.draft is not None:
             t0 = time.perf_counter()

@@ -56,12 +56,13 @@ class PreDrafts:
         self.pending: PreDraft | None = None
 
     def start(self, committed: TokenPrefix, assumed_tokens: list[int], k: int,
-              exit_below: float, lead: int = 0, prefill: bool = True, guess: bool = True,
+              exit_below: float, lead: int = 0, prefill: bool = False, guess: bool = True,
               keep_logits: bool = False, min_p: float = 0.0,
               guess_seed: int | None = None) -> None:
         """Propose k drafts and a guess (unless not `guess`) on top of `assumed_tokens`
-        (the committed ids plus guesses) plus the draft's own first `lead` tokens (a
-        prefill's unless not `prefill`). keep_logits, min_p, guess_seed: as in Propose."""
+        (the committed ids plus guesses) plus the draft's own first `lead` tokens.
+        `prefill`: this is the prefill round's pre-draft (never called off).
+        keep_logits, min_p, guess_seed: as in Propose."""
         replica = self.draft.replica
         if replica is None:
             return
@@ -80,7 +81,7 @@ class PreDrafts:
         # Called off at any point, the draft still holds the kept prefix: a request never
         # crops below its keep_len, and what it fed before stopping only adds to it.
         self.pending = PreDraft(self.executor.submit(predraft), list(assumed_tokens), cancel,
-                                assumed.tokens[:keep_len], lead, bool(lead) and prefill)
+                                assumed.tokens[:keep_len], lead, prefill)
         self.record.predraft_started()
 
     def expect(self, tokens: list[int], lead: list[int] = ()) -> None:

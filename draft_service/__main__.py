@@ -16,22 +16,25 @@ def create(cfg: DraftConfig) -> tuple[SpecdecServer, int, DraftEngine]:
     """Check the TLS files (before the slow part), load the model, build the (not yet
     started) server, serve metrics if asked."""
     tls = server_tls(cfg.tls_cert, cfg.tls_key, cfg.tls_client_ca)
-    engine = DraftEngine(load_cached_model(cfg), cfg.max_draft_tokens, cfg.top_n,
-                         policy=skip_policy(cfg))
+    model = load_cached_model(cfg)
+    engine = DraftEngine(model, cfg.max_draft_tokens, cfg.top_n,
+                         policy=skip_policy(cfg, model))
     grpc_server, port = build_server(cfg.address, [server.service(engine)],
                                      max_workers=cfg.workers, tls=tls)
     start_metrics("draft", cfg, engine.model)
     return grpc_server, port, engine
 
 
-def skip_policy(cfg: DraftConfig):
-    """The on-the-fly skip policy --skip-on-the-fly asks for, else None."""
+def skip_policy(cfg: DraftConfig, model):
+    """The on-the-fly skip policy --skip-on-the-fly asks for, else None. By default it
+    may skip the whole order but one layer of the model."""
     if not cfg.skip_on_the_fly:
         return None
     from draft_service.skip_policy import SkipPolicy
 
     order = cfg.skip_on_the_fly
-    return SkipPolicy(order, len(order) if cfg.skip_max < 0 else cfg.skip_max,
+    most = min(len(order), model.backend.dynamic_skip.num_layers - 1)
+    return SkipPolicy(order, most if cfg.skip_max < 0 else cfg.skip_max,
                       window=cfg.skip_window)
 
 

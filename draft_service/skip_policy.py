@@ -17,8 +17,11 @@ exact in distribution, whatever the policy does.
 
 from __future__ import annotations
 
+import logging
 import threading
 from dataclasses import dataclass, field
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -69,7 +72,12 @@ class SkipPolicy:
     def _decide(self) -> None:
         measured = {m: r.value for m, r in self.rates.items() if r.weight >= 1.0}
         if measured:
-            self.best = max(measured, key=measured.get)
+            best = max(measured, key=measured.get)
+            if best != self.best:
+                log.info("skipping on the fly: best is now %d layers skipped (%s), %.1f "
+                         "tokens/s per session", best, ",".join(map(str, self.skip_set(best))),
+                         measured[best])
+            self.best = best
         if self.m != self.best:  # a probe ended (or the best moved): back to the best
             self.m = self.best
         else:  # probe one neighbour of the best for the next window

@@ -50,17 +50,31 @@ def _stats(samples, name: str) -> tuple[float, float]:
             1000 * sum(sum(s.propose_s) for s in mine) / max(drafted, 1))
 
 
-def measure(label: str, skip: layer_skip.SkipSet, k: int, messages: list[str],
-            max_new_tokens: int, repeats: int, model: str, predicted=None) -> Row:
+def pair_for(label: str, skip: layer_skip.SkipSet, model: str, weights: str = "int8",
+             torch_pair: bool = False, on_the_fly: layer_skip.SkipSet = ()):
+    """The default pair with its draft as asked: OpenVINO at `weights` minus `skip`; or a
+    torch pair (fp32 target, the same weights as its draft), whose draft chooses its set
+    on the fly from the order `on_the_fly` when one is given."""
+    from specdec import pair as pairs
+
+    base = pairs.DEFAULT_PAIR.with_models(model, model)
+    if torch_pair:
+        flags = ("--skip-on-the-fly", ",".join(map(str, on_the_fly))) if on_the_fly else ()
+        return pairs.Pair(label, base.target.with_(backend="torch", weights=None),
+                          base.draft.with_(backend="torch", weights=None, extra=flags))
+    draft = base.draft.with_(weights=weights)
+    if skip:
+        draft = draft.with_(extra=draft.extra + ("--skip-layers", layer_skip.format_set(skip)))
+    return pairs.Pair(label, base.target, draft)
+
+
+def measure(label: str, skip: layer_skip.SkipSet, pair, k: int, messages: list[str],
+            max_new_tokens: int, repeats: int, predicted=None) -> Row:
     from coordinator.config import CoordinatorConfig
     from coordinator.setup import build_service
     from specdec import pair as pairs
     from specdec.bench.system import BASELINE, SystemScenario
 
-    pair = pairs.DEFAULT_PAIR.with_models(model, model)
-    if skip:
-        pair = pairs.Pair(label, pair.target, pair.draft.with_(
-            extra=pair.draft.extra + ("--skip-layers", layer_skip.format_set(skip))))
     with ExitStack() as stack:
         running = pairs.start(pair, stack)
 
@@ -102,20 +116,20 @@ def table(rows: list[Row]) -> str:
 
 
 def drafts(tuned: layer_skip.SkipSet | None, extra: list[layer_skip.SkipSet], randoms: int,
-           seed: int, layers: int) -> list[tuple[str, layer_skip.SkipSet]]:
-    """(label, set) per row: the int8 draft, the tuned set, random sets of its size,
+           seed: int, layers: int, weights: str = "int8") -> list[tuple[str, layer_skip.SkipSet]]:
+    """(label, set) per row: the whole draft, the tuned set, random sets of its size,
     then the extra sets."""
-    out = [("int8 draft (default)", ())]
+    out = [(f"{weights} draft" + (" (default)" if weights == "int8" else ""), ())]
     if tuned:
-        out.append(("tuned (specdec tune-skip)", tuned))
+        out.append((f"{weights} tuned (specdec tune-skip)", tuned))
         rng = random.Random(seed)
         seen = {tuned}
         while len(seen) <= randoms and len(seen) < 100:
             s = tuple(sorted(rng.sample(range(layers), len(tuned))))
             if s not in seen:
                 seen.add(s)
-                out.append((f"random {len(tuned)}", s))
-    out += [("given", s) for s in extra]
+                out.append((f"{weights} random {len(tuned)}", s))
+    out += [(f"{weights} given", s) for s in extra]
     return out
 
 
@@ -125,13 +139,23 @@ def add_parser(sub) -> None:
                        "int8 IR first if needed (specdec prepare --skip-layers).")
     p.add_argument("--tuned", type=layer_skip.arg, metavar="SET",
                    help="the tuned set, usually @FILE from specdec tune-skip")
-    p.add_argument("--tune-json", metavar="FILE",
+    p.add_argument("--tune-json", metavar="FILE", action="append", default=[],
                    help="specdec tune-skip --json output: its predictions fill the "
-                        "'predicted' column (the K there is the bench's --k)")
+                        "'predicted' column of the rows whose draft it was tuned for "
+                        "(at the bench's --k); repeatable, one per --draft of tune-skip")
     p.add_argument("--random", type=int, default=2,
                    help="random sets of the tuned set's size (default: %(default)s)")
     p.add_argument("--set", dest="sets", action="append", type=layer_skip.arg, default=[],
                    metavar="SET", help="a further set to measure (repeatable)")
+    p.add_argument("--fp32", type=layer_skip.arg, metavar="SET",
+                   help="also the OpenVINO draft with the target's own fp32 weights (Draft "
+                        "& Verify's setting), whole and minus SET (@FILE: tune-skip --draft "
+                        "ov-fp32)")
+    p.add_argument("--on-the-fly", type=layer_skip.order_arg, metavar="ORDER",
+                   help="also a torch pair whose draft (the target's fp32 weights) skips "
+                        "on the fly from this ranked order (@FILE: tune-skip's .order), and "
+                        "the same pair with the whole model as its draft; their speedups "
+                        "are over that pair's own target-only")
     p.add_argument("--k", type=int, default=4, help="draft tokens per round (default: 4)")
     p.add_argument("--prompts", type=int, default=PROMPTS_DEFAULT,
                    help="the first N shipped benchmark prompts (default: %(default)s)")
@@ -153,17 +177,44 @@ def main(args) -> int:
 
     folder = prepare_smollm2()
     layers = json.loads((folder / "config.json").read_text())["num_hidden_layers"]
-    rows_wanted = drafts(args.tuned, args.sets, args.random, args.seed, layers)
-    predict = predictor(args.tune_json, args.k) if args.tune_json else (lambda s: None)
+    wanted = [(label, skip, pair_for(label, skip, args.model))
+              for label, skip in drafts(args.tuned, args.sets, args.random, args.seed,
+                                        layers)]
+    if args.fp32 is not None:
+        for label, skip in drafts(args.fp32, [], 0, args.seed, layers, "fp32"):
+            wanted.append((label, skip, pair_for(label, skip, args.model, "fp32")))
+    if args.on_the_fly:
+        wanted.append(("torch pair, whole model as draft", (),
+                       pair_for("torch whole", (), args.model, torch_pair=True)))
+        wanted.append(("torch pair, skipping on the fly", (),
+                       pair_for("torch on the fly", (), args.model, torch_pair=True,
+                                on_the_fly=args.on_the_fly)))
+    predictors = {}
+    for path in args.tune_json:
+        kind, fn = predictor(path, args.k)
+        predictors[kind] = fn
     messages = [m for _, m in PROMPTS[:args.prompts]]
-    rows = []
-    for label, skip in tqdm(rows_wanted, desc="drafts", unit="draft"):
-        if skip:
-            export(folder, "int8", skip_layers=skip)
-        rows.append(measure(label, skip, args.k, messages, args.max_new_tokens,
-                            args.repeats, args.model, predict(skip)))
+    rows, failed = [], []
+    for label, skip, pair in tqdm(wanted, desc="drafts", unit="draft"):
+        kind = f"{'ov' if pair.draft.backend == 'openvino' else 'torch'}-" \
+               f"{pair.draft.weights or 'fp32'}"
+        predict = predictors.get(kind) if pair.target.backend == "openvino" else None
+        try:
+            if skip:
+                export(folder, pair.draft.weights, skip_layers=skip)
+            rows.append(measure(label, skip, pair, args.k, messages, args.max_new_tokens,
+                                args.repeats, predict(skip) if predict else None))
+        except (RuntimeError, OSError, ValueError) as e:  # a draft that does not start
+            failed.append(f"{label} ({layer_skip.format_set(skip) or 'none'}): {e}")
+            tqdm.write(f"failed: {failed[-1]}")
+            continue
+        tqdm.write(table(rows[-1:]).splitlines()[-1])
+        if args.json:  # after every row: a long run that stops keeps what it measured
+            Path(args.json).write_text(json.dumps([asdict(r) for r in rows], indent=2) + "\n")
     print(table(rows))
     print(f"speedup: {harness.SPEEDUP_DEFINITION}")
-    if args.json:
-        Path(args.json).write_text(json.dumps([asdict(r) for r in rows], indent=2) + "\n")
+    for f in failed:
+        print(f"failed: {f}")
+    if failed:
+        return 1
     return 0 if all(r.exact for r in rows) else 1

@@ -152,6 +152,9 @@ def report(result: dict) -> str:
         f"best {result['random_max_speedup'] or 0:.2f}x",
         f"no layer skipped (the full draft at this precision): {n['speedup']:.2f}x at "
         f"K={n['k']}, acceptance {n['acceptance']:.2f}, c {n['c']:.2f}",
+        "break-even by layers skipped: " + ", ".join(
+            f"{r['skipped']}: c {r['c']:.2f}, a {r['break_even_acceptance']:.2f} (K={r['k']})"
+            for r in result["break_even_by_skipped"]),
         "speedup: predicted speculative tok/s over target-only tok/s (cost model)",
     ]
     return "\n".join(lines)
@@ -231,12 +234,22 @@ def _main(args) -> int:
     result = studies.summary(best, ev.predict(()), randoms, ev)
     result.update(study=name, db=str(db), trials=len(study.trials),
                   finished=studies.finished(study),
-                  pruned=sum(t.state.name == "PRUNED" for t in study.trials),
-                  seconds=round(time.monotonic() - t0, 1))
+                  pruned=sum(t.state.name == "PRUNED" for t in study.trials))
     out = Path(args.out) if args.out else db.parent / f"{name}.skip"
     _write_set(out, result, name)
+    with tqdm(total=layers, desc="one-layer ablation (skip order)", unit="layer") as bar:
+        ranked = studies.skip_order(ev, parse(best.skip), bar)
+    result["order"] = ",".join(map(str, ranked))
+    result["seconds"] = round(time.monotonic() - t0, 1)
+    order = out.with_suffix(".order")
+    order.write_text(f"{result['order']}\n# specdec tune-skip, study {name}: every layer, "
+                     "the first to skip first: the best set, then the rest by the predicted "
+                     "speedup of skipping each alone\n")
     print(report(result))
     print(f"wrote {out}: python -m draft_service --skip-layers @{out} ...")
+    print(f"wrote {order}: python -m draft_service --backend torch --skip-on-the-fly "
+          f"@{order} ...")
+    print(f"{result['seconds']:.0f} s in all")
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
     return 0

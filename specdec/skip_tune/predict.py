@@ -10,9 +10,10 @@ from collections.abc import Callable
 from specdec.runtime.layer_skip import SkipSet
 
 
-def predictor(tune_json: str, k: int) -> Callable[[SkipSet], float]:
-    """skip set -> predicted sequential speedup at `k`, for the study `tune_json` names
-    (the --json file of specdec tune-skip)."""
+def predictor(tune_json: str, k: int) -> tuple[str, Callable[[SkipSet], float]]:
+    """(the draft the study tuned for, e.g. "ov-int8"; skip set -> predicted sequential
+    speedup at `k`), for the study `tune_json` names (the --json file of specdec
+    tune-skip)."""
     from specdec.runtime import models
     from specdec.skip_tune import drafts
     from specdec.skip_tune.calibration import Calibration
@@ -28,4 +29,4 @@ def predictor(tune_json: str, k: int) -> Callable[[SkipSet], float]:
     ev = Evaluator(setup, target, Calibration.from_json(study.user_attrs["calibration"]),
                    dict(study.user_attrs["measured"]), (k,), settings["threads"],
                    settings["rpc_ms"])
-    return lambda skip: ev.predict(tuple(skip)).speedup
+    return settings["draft"], lambda skip: ev.predict(tuple(skip)).speedup

@@ -126,6 +126,19 @@ def compare_random(ev: Evaluator, size: int, count: int, seed: int, exclude: Ski
     return out
 
 
+def skip_order(ev: Evaluator, best: SkipSet, progress=None) -> tuple[int, ...]:
+    """Every layer, the first to skip first, for a draft that skips on the fly: the best
+    set's layers, then the others by the predicted speedup of skipping each alone (a
+    one-layer ablation, one pass per layer and sequence)."""
+    alone = {}
+    for i in range(ev.num_layers):
+        if i not in best:
+            alone[i] = ev.predict((i,)).speedup
+        if progress is not None:
+            progress.update(1)
+    return tuple(best) + tuple(sorted(alone, key=lambda i: -alone[i]))
+
+
 def summary(best: Scored, baseline: Prediction, randoms: list[Scored], ev: Evaluator) -> dict:
     """What the command prints and writes: the best set, today's full draft at the same
     precision (no layer skipped), the random sets, and the break-even acceptance."""
@@ -139,5 +152,19 @@ def summary(best: Scored, baseline: Prediction, randoms: list[Scored], ev: Evalu
         "random_max_speedup": max(speeds) if speeds else None,
         "break_even_acceptance": break_even_acceptance(
             p.c, p.k, ev.verify_ms(p.k + 1) / ev.verify_ms(1)),
+        "break_even_by_skipped": break_even_table(ev),
         "measured_ms": ev.measured,
     }
+
+
+def break_even_table(ev: Evaluator, counts=(0, 1, 2, 4, 6, 8, 12, 16)) -> list[dict]:
+    """Per count of skipped layers: the draft's cost c over a target step, and the lowest
+    i.i.d. acceptance at which any K of the study breaks even (Leviathan et al.)."""
+    rows = []
+    for n in (c for c in counts if c < ev.num_layers):
+        costs = ev.costs(tuple(range(n)))
+        c = costs.draft_ms / ev.verify_ms(1)
+        k, a = min(((k, break_even_acceptance(c, k, ev.verify_ms(k + 1) / ev.verify_ms(1)))
+                    for k in ev.ks), key=lambda ka: ka[1])
+        rows.append({"skipped": n, "c": c, "k": k, "break_even_acceptance": a})
+    return rows

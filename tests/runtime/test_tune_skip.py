@@ -66,6 +66,12 @@ def test_a_study_writes_a_set_the_draft_can_load_and_resumes(folder, home, tmp_p
                for x in result["random"])
     assert 0.0 <= result["break_even_acceptance"] <= 1.0
     assert f"best set: {result['best']['skip']}" in r.stdout
+    # The ranked order for skipping on the fly starts with the best set's layers.
+    from specdec.runtime.layer_skip import parse_order
+
+    order = parse_order(f"@{out.with_suffix('.order')}")
+    assert sorted(order) == list(range(LAYERS))
+    assert tuple(sorted(order[:len(best)])) == best
 
     # The same command with more trials resumes the stored study.
     r2 = tune(folder, home, "--trials", "9", "--out", str(out), "--json", str(js))
@@ -77,8 +83,9 @@ def test_a_study_writes_a_set_the_draft_can_load_and_resumes(folder, home, tmp_p
     from specdec.skip_tune.predict import predictor
 
     b = json.loads(js.read_text())["best"]
-    assert predictor(str(js), b["prediction"]["k"])(parse(b["skip"])) == \
-        pytest.approx(b["prediction"]["speedup"])
+    kind, predict = predictor(str(js), b["prediction"]["k"])
+    assert kind == "torch-fp32"
+    assert predict(parse(b["skip"])) == pytest.approx(b["prediction"]["speedup"])
 
 
 def _finished(home, name_prefix) -> int:

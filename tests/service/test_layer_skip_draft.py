@@ -65,38 +65,51 @@ def test_a_set_the_model_cannot_skip_stops_the_service_with_a_reason():
         from_args(["--model", "tiny-random", "--skip-layers", "1,x"])
 
 
-@pytest.mark.slow
-def test_sampled_output_with_a_layer_skip_draft_follows_the_target(tmp_home, target_client,
-                                                                    target_server):
-    """The chi-square test of the two-token joint law (as for the model draft), with the
-    target's own model minus its second layer as the draft."""
+PROMPT_SAMPLED = [414, 274, 1, 23]  # where the half-model's top 6 overlap the target's most
+TRIALS = 1500
+
+
+def sampled_check(cfg: DraftConfig, target_client, target_server, max_new_tokens: int,
+                  k: int):
+    """Run TRIALS seeded generations through `cfg`'s draft; returns (chi-square p of the
+    first two tokens' law against the target's, accepted, drafted, engine)."""
     from collections import Counter
 
     from tests.service.test_sampled_distribution import chi_square_p_value, target_joint
 
-    prompt = [414, 274, 1, 23]  # where the half-model's top 6 overlap the target's most
-
-    server, port, _ = create_draft(DraftConfig(model="tiny-random", skip_layers=(1,), port=0))
+    server, port, engine = create_draft(cfg)
     server.start()
     try:
         loop = SpeculativeLoop(DraftClient(grpc.insecure_channel(f"127.0.0.1:{port}")),
                                target_client, LoopPolicy(pipeline=False))
         params = SamplingParams(temperature=1.0, top_k=6)
-        expected = target_joint(target_server[1].model.backend, params, prompt=prompt)
+        expected = target_joint(target_server[1].model.backend, params,
+                                prompt=PROMPT_SAMPLED)
         counts: Counter = Counter()
         accepted = drafted = 0
-        trials = 1500
-        for seed in range(trials):
-            result = loop.generate(prompt, 2, SamplingParams(1.0, 6, 1.0, seed), 2)
-            counts[tuple(result.token_ids)] += 1
+        for seed in range(TRIALS):
+            result = loop.generate(PROMPT_SAMPLED, max_new_tokens,
+                                   SamplingParams(1.0, 6, 1.0, seed), k)
+            counts[tuple(result.token_ids[:2])] += 1
             accepted += result.stats.accepted_tokens
             drafted += result.stats.drafted_tokens
     finally:
         server.stop(0)
-    assert 0 < accepted < drafted
-    p_value = chi_square_p_value(counts, expected, trials)
-    print(f"chi-square p = {p_value:.3f}, acceptance = {accepted / drafted:.2f}")
+    p_value = chi_square_p_value(counts, expected, TRIALS)
+    print(f"chi-square p = {p_value:.3f}, acceptance = {accepted / max(drafted, 1):.2f}")
     assert p_value > 1e-3, (p_value, counts.most_common(8))
+    return p_value, accepted, drafted, engine
+
+
+@pytest.mark.slow
+def test_sampled_output_with_a_layer_skip_draft_follows_the_target(tmp_home, target_client,
+                                                                    target_server):
+    """The chi-square test of the two-token joint law (as for the model draft), with the
+    target's own model minus its second layer as the draft."""
+    _, accepted, drafted, _ = sampled_check(
+        DraftConfig(model="tiny-random", skip_layers=(1,), port=0), target_client,
+        target_server, 2, 2)
+    assert 0 < accepted < drafted
 
 
 @pytest.fixture(scope="module")
@@ -141,29 +154,9 @@ def test_sampled_output_skipping_on_the_fly_follows_the_target(tmp_home, target_
                                                                target_server):
     """The chi-square test with a draft that switches between the whole model and the
     model without layer 1 as often as it can (K=1 over 4 tokens: every generation
-    proposes at least twice, so the policy hears of its first round): its
-    q is whichever it sampled from. The law checked is that of the first two tokens."""
-    from collections import Counter
-
-    from tests.service.test_sampled_distribution import chi_square_p_value, target_joint
-
-    prompt = [414, 274, 1, 23]
-    server, port, engine = create_draft(DraftConfig(model="tiny-random", port=0,
-                                                    skip_on_the_fly=(1,), skip_window=1))
-    server.start()
-    try:
-        loop = SpeculativeLoop(DraftClient(grpc.insecure_channel(f"127.0.0.1:{port}")),
-                               target_client, LoopPolicy(pipeline=False))
-        params = SamplingParams(temperature=1.0, top_k=6)
-        expected = target_joint(target_server[1].model.backend, params, prompt=prompt)
-        counts: Counter = Counter()
-        trials = 1500
-        for seed in range(trials):
-            result = loop.generate(prompt, 4, SamplingParams(1.0, 6, 1.0, seed), 1)
-            counts[tuple(result.token_ids[:2])] += 1
-    finally:
-        server.stop(0)
+    proposes at least twice, so the policy hears of its first round): its q is whichever
+    it sampled from. The law checked is that of the first two tokens."""
+    *_, engine = sampled_check(
+        DraftConfig(model="tiny-random", port=0, skip_on_the_fly=(1,), skip_window=1),
+        target_client, target_server, 4, 1)
     assert {0, 1} <= set(engine.policy.history)
-    p_value = chi_square_p_value(counts, expected, trials)
-    print(f"chi-square p = {p_value:.3f}, decisions {len(engine.policy.history)}")
-    assert p_value > 1e-3, (p_value, counts.most_common(8))
