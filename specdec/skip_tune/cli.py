@@ -166,6 +166,10 @@ def main(args) -> int:
     except (FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # before the trials (during calibration or timing)
+        print("\ninterrupted before any new trial; run the same command again to resume",
+              file=sys.stderr)
+        return 130
 
 
 def _main(args) -> int:
