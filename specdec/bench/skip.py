@@ -14,7 +14,6 @@ text equals its target-only twin.
 from __future__ import annotations
 
 import json
-import random
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -122,13 +121,8 @@ def drafts(tuned: layer_skip.SkipSet | None, extra: list[layer_skip.SkipSet], ra
     out = [(f"{weights} draft" + (" (default)" if weights == "int8" else ""), ())]
     if tuned:
         out.append((f"{weights} tuned (specdec tune-skip)", tuned))
-        rng = random.Random(seed)
-        seen = {tuned}
-        while len(seen) <= randoms and len(seen) < 100:
-            s = tuple(sorted(rng.sample(range(layers), len(tuned))))
-            if s not in seen:
-                seen.add(s)
-                out.append((f"{weights} random {len(tuned)}", s))
+        out += [(f"{weights} random {len(tuned)}", s)
+                for s in layer_skip.random_sets(layers, len(tuned), randoms, seed, tuned)]
     out += [(f"{weights} given", s) for s in extra]
     return out
 

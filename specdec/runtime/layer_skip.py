@@ -100,6 +100,23 @@ def validate(skip: SkipSet, num_layers: int) -> None:
                          "layers; keep at least one")
 
 
+def random_sets(num_layers: int, size: int, count: int, seed: int,
+                exclude: SkipSet = ()) -> list[SkipSet]:
+    """Up to `count` distinct random sets of `size` layers, never `exclude` (seeded): what
+    a tuned set is compared with."""
+    import random
+
+    rng = random.Random(seed)
+    out: list[SkipSet] = []
+    for _ in range(100 * count):
+        if len(out) == count:
+            break
+        skip = tuple(sorted(rng.sample(range(num_layers), size)))
+        if skip not in out and skip != tuple(exclude):
+            out.append(skip)
+    return out
+
+
 def decoder_layers(model):
     """The decoder layers of a Hugging Face causal LM (Llama-style: model.model.layers)."""
     from torch import nn

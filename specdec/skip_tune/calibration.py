@@ -11,8 +11,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 
-import torch
-
 
 @dataclass(frozen=True)
 class Sequence:
@@ -53,31 +51,22 @@ def eos_ids(tokenizer) -> set[int]:
     return set(ids if isinstance(ids, list) else [] if ids is None else [ids])
 
 
-@torch.inference_mode()
-def greedy(backend, prompt: list[int], max_new_tokens: int, stop: set[int]) -> list[int]:
-    """The target's greedy continuation of `prompt` (a specdec.runtime backend)."""
-    cache = backend.new_cache()
-    logits = backend.forward(cache, prompt)
-    out: list[int] = []
-    while len(out) < max_new_tokens:
-        token = int(logits[-1].argmax())
-        out.append(token)
-        if token in stop:
-            break
-        logits = backend.forward(cache, [token])
-    return out
-
-
 def build(backend, tokenizer, messages: Iterable[str], max_new_tokens: int,
           progress=None) -> Calibration:
-    stop = eos_ids(tokenizer)
+    """The target's greedy continuation of each message (the bench's in-process target
+    decoding loop, on a specdec.runtime backend)."""
+    from specdec.bench.scenarios import InProcessTarget
+    from specdec.sampling import SamplingParams
+
+    target = InProcessTarget(backend, tokenizer, eos_ids(tokenizer))
     sequences = []
-    for ids in prompt_ids(tokenizer, messages):
-        sequences.append(Sequence(tuple(ids), tuple(greedy(backend, ids, max_new_tokens,
-                                                           stop))))
+    for message in messages:
+        ids = prompt_ids(tokenizer, [message])[0]
+        generated = target.run(message, max_new_tokens, SamplingParams()).token_ids
+        sequences.append(Sequence(tuple(ids), tuple(generated)))
         if progress is not None:
             progress.update(1)
     return Calibration(tuple(sequences))
 
 
-__all__ = ["Calibration", "Sequence", "asdict", "build", "greedy", "prompt_ids"]
+__all__ = ["Calibration", "Sequence", "asdict", "build", "prompt_ids"]

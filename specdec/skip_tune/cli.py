@@ -86,18 +86,14 @@ def _ks(text: str) -> tuple[int, ...]:
     return ks
 
 
-def studies_space() -> int:
+def study_name(args, num_layers: int, max_skip: int) -> str:
     from specdec.skip_tune.study import SPACE
 
-    return SPACE
-
-
-def study_name(args, num_layers: int, max_skip: int) -> str:
     settings = {"model": str(args.model), "draft": args.draft,
                 "prompts": args.prompts, "max_new_tokens": args.max_new_tokens,
                 "min_skip": args.min_skip, "max_skip": max_skip, "k": args.k,
                 "threads": args.threads, "rpc_ms": args.rpc_ms, "layers": num_layers,
-                "space": studies_space()}
+                "space": SPACE}
     digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:8]
     return f"{Path(str(args.model)).name}-{args.draft}-{digest}"
 
@@ -108,22 +104,17 @@ def _calibration(study, target, args):
     from tqdm import tqdm
 
     from specdec.bench.prompts import PROMPTS
+    from specdec.runtime.torch_backend import TorchBackend
     from specdec.skip_tune import calibration
 
     if "calibration" in study.user_attrs:
         return calibration.Calibration.from_json(study.user_attrs["calibration"])
     messages = [m for _, m in PROMPTS[:args.prompts]]
     with tqdm(total=len(messages), desc="calibration (target greedy)", unit="prompt") as bar:
-        calib = calibration.build(_backend(target), target.tokenizer, messages,
+        calib = calibration.build(TorchBackend(target), target.tokenizer, messages,
                                   args.max_new_tokens, bar)
     study.set_user_attr("calibration", calib.to_json())
     return calib
-
-
-def _backend(loaded):
-    from specdec.runtime.torch_backend import TorchBackend
-
-    return TorchBackend(loaded)
 
 
 def _write_set(path: Path, result: dict, name: str) -> None:

@@ -18,12 +18,11 @@ did.
 
 from __future__ import annotations
 
-import random
 import statistics
 import warnings
 from dataclasses import asdict, dataclass
 
-from specdec.runtime.layer_skip import SkipSet, format_set
+from specdec.runtime.layer_skip import SkipSet, format_set, random_sets
 from specdec.skip_tune.cost import Prediction, break_even_acceptance
 from specdec.skip_tune.evaluator import Evaluator
 
@@ -110,16 +109,8 @@ def best_trial(study) -> Scored | None:
 def compare_random(ev: Evaluator, size: int, count: int, seed: int, exclude: SkipSet = (),
                    progress=None) -> list[Scored]:
     """`count` distinct random sets of `size` layers (never `exclude`), fully scored."""
-    rng = random.Random(seed)
-    chosen: set[SkipSet] = set()
     out = []
-    attempts = 0
-    while len(out) < count and attempts < 100 * count:
-        attempts += 1
-        skip = tuple(sorted(rng.sample(range(ev.num_layers), size)))
-        if skip in chosen or skip == tuple(exclude):
-            continue
-        chosen.add(skip)
+    for skip in random_sets(ev.num_layers, size, count, seed, exclude):
         out.append(Scored(format_set(skip), size, ev.predict(skip)))
         if progress is not None:
             progress.update(1)
