@@ -148,7 +148,7 @@ class DraftEngine:
         """Tell the policy how the session's previous round went: how many of its drafts
         the coordinator kept (read off this request's prefix) and how long the round
         took, Propose to Propose."""
-        last = getattr(s, "drafted_with", None)
+        last = s.drafted_with
         if last is None:
             return
         s.drafted_with = None

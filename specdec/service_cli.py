@@ -202,7 +202,7 @@ def _load_backend(cfg: ModelServiceConfig, skip: tuple[int, ...], order: tuple[i
         from specdec.runtime.dynamic_skip import DynamicSkip
         from specdec.runtime.layer_skip import validate
 
-        validate(tuple(sorted(order))[-1:], int(loaded.model.config.num_hidden_layers))
+        validate((max(order),), int(loaded.model.config.num_hidden_layers))  # in range
         dynamic = DynamicSkip(loaded.model)
     if cfg.quantize == "int8":
         from specdec.runtime.models import quantize_int8

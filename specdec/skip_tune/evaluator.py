@@ -17,7 +17,7 @@ class Evaluator:
     """`setup` (specdec.skip_tune.drafts) gives the model whose agreement stands for the
     draft's and the backends to time; `target` is the fp32 model, timed in torch per
     kept-layer count for the depth scaling. `measured` holds {"verify_ms": {n: ms},
-    "draft_full_ms": {"": ms}, "depth_ms": {kept: ms}} with str keys (JSON), filled as
+    "draft_full_ms": {"0": ms}, "depth_ms": {kept: ms}} with str keys (JSON), filled as
     needed and saved by the caller."""
 
     def __init__(self, setup: Setup, target: LoadedModel, calibration: Calibration,
