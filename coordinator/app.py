@@ -167,10 +167,11 @@ class CoordinatorReplica:
         pending: list = []
         chunks = None
         with ExitStack() as held:
+            tenant = ""  # the API key's name: whose outputs the look-up may reuse
             if self.auth is not None:
-                held.enter_context(self.auth.admit(authorization, where))
+                tenant = held.enter_context(self.auth.admit(authorization, where))
             try:
-                chunks = self.service.stream(request)
+                chunks = self.service.stream(request, tenant=tenant)
                 while (chunk := await next_in_thread(chunks, pending, self.executor)) \
                         is not None:
                     yield chunk

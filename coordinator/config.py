@@ -39,6 +39,10 @@ class CoordinatorConfig:
     inject_rtt_ms: float = 0.0
     inject_jitter_ms: float = 0.0
     top_n: int = P.top_n
+    drafter: str = P.drafter
+    lookup_k: int = P.lookup_k
+    lookup_min_match: int = P.lookup_min_match
+    lookup_cache: int = P.lookup_cache
     max_new_tokens_cap: int = 4096
     max_concurrency: int = 32
     rpc_deadline: float = 30.0
@@ -181,6 +185,24 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--top-n", type=int, default=P.top_n,
                    help="size of the sparse draft distribution per token; 0 = the draft's "
                         "default (default: %(default)s)")
+    p.add_argument("--drafter", default=P.drafter, choices=["model", "lookup", "hybrid"],
+                   help="who drafts: model = the draft service; lookup = model-free, "
+                        "continuations of the context found in the prompt and the text so "
+                        "far (a suffix trie, SuffixDecoding-style; works without a draft "
+                        "service); hybrid = per round, the look-up when its match is at "
+                        "least --lookup-min-match tokens or it is expected to give more "
+                        "tokens/s, else the draft service (default: %(default)s)")
+    p.add_argument("--lookup-k", type=int, default=P.lookup_k,
+                   help="most drafts per look-up round (capped by the target's "
+                        "max_draft_tokens; 0 = no look-up) (default: %(default)s)")
+    p.add_argument("--lookup-min-match", type=int, default=P.lookup_min_match,
+                   help="hybrid: a context suffix of this many tokens seen before, with a "
+                        "continuation, makes the look-up draft the round "
+                        "(default: %(default)s)")
+    p.add_argument("--lookup-cache", type=int, default=P.lookup_cache, metavar="N",
+                   help="the look-up also drafts from each tenant's N most recent outputs "
+                        "(a tenant is an API key's name; one tenant without --api-keys); "
+                        "tenants never see each other's; 0 = off (default: %(default)s)")
     p.add_argument("--max-new-tokens-cap", type=int, default=4096,
                    help="largest max_new_tokens a request may ask for (default: %(default)s)")
     p.add_argument("--max-concurrency", type=int, default=32,
@@ -244,6 +266,11 @@ def from_args(argv: list[str] | None = None) -> CoordinatorConfig:
         p.error(f"--exit-threshold must be in [0, 1), got {ns.exit_threshold}")
     if not 0.0 < ns.exit_target_acceptance < 1.0:
         p.error(f"--exit-target-acceptance must be in (0, 1), got {ns.exit_target_acceptance}")
+    for flag, value, low in (("--lookup-k", ns.lookup_k, 0), ("--lookup-cache",
+                                                              ns.lookup_cache, 0),
+                             ("--lookup-min-match", ns.lookup_min_match, 1)):
+        if value < low:
+            p.error(f"{flag} must be >= {low}, got {value}")
     return CoordinatorConfig(**{f.name: getattr(ns, f.name) for f in fields(CoordinatorConfig)})
 
 

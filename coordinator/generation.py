@@ -161,29 +161,32 @@ class GenerationService:
 
     # -- generation --------------------------------------------------------------------
 
-    def stream(self, req: generate_pb2.GenerateRequest,
-               deadline: float | None = None) -> Iterator[generate_pb2.GenerateChunk]:
+    def stream(self, req: generate_pb2.GenerateRequest, deadline: float | None = None,
+               tenant: str = "") -> Iterator[generate_pb2.GenerateChunk]:
         """One chunk per round; the last carries finish_reason and stats. Closing the
         iterator (client gone) ends the generation and frees its sessions. Past
-        `deadline` (time.monotonic()) the next round raises DEADLINE_EXCEEDED."""
+        `deadline` (time.monotonic()) the next round raises DEADLINE_EXCEEDED. `tenant`
+        (an API key's name): whose recent outputs the look-up drafts from, when the
+        coordinator keeps them (--lookup-cache)."""
         plan = self.plan(req)
         if not self._slots.acquire(blocking=False):
             raise ResourceExhausted(
                 f"coordinator is at its concurrency limit ({self.limits.max_concurrency} "
                 "generations); retry later")
         try:
-            yield from self._stream(plan, deadline)
+            yield from self._stream(plan, deadline, tenant)
         finally:
             self._slots.release()
 
-    def _stream(self, plan: Plan, deadline: float | None) -> Iterator[generate_pb2.GenerateChunk]:
+    def _stream(self, plan: Plan, deadline: float | None,
+                tenant: str = "") -> Iterator[generate_pb2.GenerateChunk]:
         stats = LoopStats()
         detok = (IncrementalDetokenizer(self.tokenizer, plan.prompt_ids)
                  if self.tokenizer is not None else None)
         text = TextStream(plan.stop)
         rounds = self.loop.rounds(plan.prompt_ids, plan.max_new_tokens, plan.sampling, plan.k,
                                   self.eos_token_ids, stats, load_aware=plan.k_from_server,
-                                  contrastive=plan.contrastive)
+                                  contrastive=plan.contrastive, tenant=tenant)
         generated = 0
         reason = "length"
         try:
@@ -243,7 +246,9 @@ class GenerationService:
             seconds=s.seconds if math.isfinite(s.seconds) else 0.0,
             pipelined_rounds=s.pipelined_rounds, predrafts_wasted=s.predrafts_wasted,
             k_per_round=s.k_per_round, confidence_exits=s.confidence_exits,
-            mean_head_size=s.mean_head_size,
+            mean_head_size=s.mean_head_size, lookup_rounds=s.lookup_rounds,
+            lookup_drafted_tokens=s.lookup_drafted_tokens,
+            lookup_accepted_tokens=s.lookup_accepted_tokens,
         )
 
 

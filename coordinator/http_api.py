@@ -144,8 +144,8 @@ class OpenAIFrontend:
     async def _generate(self, request: Request, kind: str) -> Response:
         held = ExitStack()  # the API key's slot: released when the response is over
         try:
-            held.enter_context(self._admit(request))
-            response = await self._respond(request, kind, held)
+            tenant = held.enter_context(self._admit(request)) or ""  # the key's name
+            response = await self._respond(request, kind, held, tenant)
         except BaseException as exc:
             held.close()
             if isinstance(exc, Exception):
@@ -155,7 +155,8 @@ class OpenAIFrontend:
             held.close()  # a stream closes it when it ends
         return response
 
-    async def _respond(self, request: Request, kind: str, held: ExitStack) -> Response:
+    async def _respond(self, request: Request, kind: str, held: ExitStack,
+                       tenant: str = "") -> Response:
         try:
             body = json.loads(await _read_body(request) or b"null")
         except APIError as exc:
@@ -173,7 +174,7 @@ class OpenAIFrontend:
         if not req.max_new_tokens:  # no limit given: up to the cap (and the context)
             req.max_new_tokens = self.service.limits.max_new_tokens_cap
         timeout = min(opts.timeout_s or math.inf, self.request_timeout_s)
-        chunks = self.service.stream(req, deadline=time.monotonic() + timeout)
+        chunks = self.service.stream(req, deadline=time.monotonic() + timeout, tenant=tenant)
         pending: list = []
         try:
             first = await next_in_thread(chunks, pending, self.executor)

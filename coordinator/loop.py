@@ -10,6 +10,8 @@ The parts, each with one job:
   coordinator.predraft  pipelined drafting (the next round drafted during this Verify)
   coordinator.record    every event counted once, in LoopStats and in LoopMetrics
   coordinator.adaptive  adaptive K and the confidence exit
+  coordinator.hybrid    which drafter supplies a round: the draft model or the model-free
+                        look-up (coordinator.lookup, coordinator.lookup_round)
   coordinator.policy    how rounds run, and the coordinator's defaults
 Greedy output is the same with or without faults, pipelining or adaptive K.
 """
@@ -27,8 +29,11 @@ import torch
 from coordinator.adaptive import AdaptiveK, ConfidenceExit
 from coordinator.clients import DraftClient, Proposal, TargetClient, WireBytes
 from coordinator.contrastive_round import contrastive_round
+from coordinator.hybrid import LOOKUP, MODEL, Drafters, LookupSettings
 from coordinator.link import DraftLink, TargetLink
 from coordinator.load import LoadAwareK
+from coordinator.lookup import NO_LOOKUP, OutputCache
+from coordinator.lookup_round import lookup_round
 from coordinator.policy import DEFAULT_POLICY, LoopPolicy
 from coordinator.predraft import PreDrafts
 from coordinator.record import LoopStats, Recorder, RoundResult
@@ -62,9 +67,15 @@ class SpeculativeLoop:
     def __init__(self, draft: Router | DraftClient | None, target: Router | TargetClient,
                  policy: LoopPolicy = DEFAULT_POLICY, metrics: LoopMetrics | None = None,
                  max_propose: int = 16, draft_backoff_s: float = 1.0,
-                 max_concurrency: int = 32):
+                 max_concurrency: int = 32, max_verify: int = 16):
         self.policy = policy
         self.max_propose = max_propose  # the draft's max_draft_tokens (K+1 when pipelining)
+        self.max_verify = max_verify  # the target's max_draft_tokens (a look-up's cap)
+        self.lookup = LookupSettings(max_tokens=min(policy.lookup_k, max_verify),
+                                     min_match=policy.lookup_min_match)
+        # The tenants' recent outputs, shared by this replica's generations (opt-in).
+        self.output_cache = OutputCache(policy.lookup_cache, self.lookup.depth) \
+            if policy.lookup_cache > 0 else None
         self.draft = _as_router(draft, "draft") if draft is not None else None
         self.target = _as_router(target, "target")
         self.draft_backoff_s = draft_backoff_s
@@ -84,36 +95,48 @@ class SpeculativeLoop:
 
     @property
     def k_max(self) -> int:
-        """The most drafts a round can verify: the draft's max, less the pipelined guess."""
+        """The most drafts a model-drafted round can verify: the draft's max, less the
+        pipelined guess (the target's, when there is no draft)."""
+        if self.draft is None:
+            return self.max_verify if self.drafts_by_lookup else 0
         return self.max_propose - (1 if self.policy.pipeline else 0)
+
+    @property
+    def drafts_by_lookup(self) -> bool:
+        """Rounds may be drafted by the look-up (--drafter lookup or hybrid)."""
+        return self.policy.drafter != MODEL and self.policy.lookup_k > 0
 
     def rounds(self, prompt_ids: Sequence[int], max_new_tokens: int, sampling: SamplingParams,
                num_draft_tokens: int, eos_token_ids: Sequence[int] = (),
                stats: LoopStats | None = None, load_aware: bool = False,
-               contrastive: ContrastiveParams | None = None,
+               contrastive: ContrastiveParams | None = None, tenant: str | None = None,
                ) -> Iterator[RoundOutput]:
         """Run a generation round by round. Closing the iterator early (a stop string,
         a cancelled client) releases both sessions at once. `load_aware`: K was left to
         the server, so the load-aware controller (if on) chooses it each round.
         `contrastive`: contrastive decoding (coordinator.contrastive_round) with a fixed
-        K (0 = the plain form); it needs the draft."""
+        K (0 = the plain form); it needs the draft. `tenant`: whose recent outputs the
+        look-up may draft from and add this output to (when the output cache is on);
+        None = neither."""
         k_max = self.k_max
-        speculative = contrastive is None and num_draft_tokens > 0 and self.draft is not None
+        speculative = contrastive is None and num_draft_tokens > 0 and \
+            (self.draft is not None or self.drafts_by_lookup)
+        model_drafts = speculative and self.draft is not None
         adaptive = AdaptiveK(max(1, k_max), num_draft_tokens, self.policy.pipeline) \
-            if self.policy.adaptive_k and speculative else None
+            if self.policy.adaptive_k and model_drafts else None
         if contrastive is not None and num_draft_tokens > 0 and \
                 (self.policy.adaptive_k or load_aware):
             # K left to the server (or --adaptive-k): measured per generation; the plain
             # form (K = 0) competes.
             adaptive = AdaptiveK(max(1, k_max), num_draft_tokens, self.policy.pipeline,
                                  k_min=0)
-        load_k = self.load_k if load_aware and speculative and adaptive is None else None
+        load_k = self.load_k if load_aware and model_drafts and adaptive is None else None
         if contrastive is not None and self.draft is None:
             raise FailedPrecondition("contrastive decoding needs a draft service (the "
                                      "amateur); this coordinator runs target-only")
         gen = Generation(self, list(prompt_ids), sampling,
                          max(num_draft_tokens, adaptive.k_max if adaptive else 0), stats,
-                         contrastive)
+                         contrastive, tenant if speculative else None, speculative)
         gen.record.started()
         t0 = time.perf_counter()
         between = 0.0  # the last gap between rounds (the consumer, the detokenizer, ...)
@@ -125,20 +148,30 @@ class SpeculativeLoop:
                 if round_end is not None:
                     between = started - round_end
                 k = adaptive.k if adaptive else num_draft_tokens
+                lookup_k = self.lookup.max_tokens
                 if load_k is not None:
                     k = load_k.choose(num_draft_tokens)
-                result = gen.round(min(k, remaining - 1), remaining)
-                gen.record.round(result, time.perf_counter() - started)
-                # Every speculative generation's rounds teach it (contrastive ones accept
-                # against another distribution).
-                if self.load_k is not None and contrastive is None:
+                    lookup_k = min(lookup_k, k)  # the target's budget under load
+                result = gen.round(min(k, remaining - 1), remaining,
+                                   min(lookup_k, remaining - 1) if k > 0 else 0)
+                seconds = time.perf_counter() - started
+                gen.record.round(result, seconds)
+                if gen.drafters is not None and result.k:
+                    gen.drafters.observe(result.source, result.k,
+                                         result.decision.num_accepted, seconds,
+                                         result.match_len)
+                # Every speculative generation's model-drafted rounds teach it (contrastive
+                # ones accept against another distribution; K's controllers learn the
+                # draft model, not the look-up).
+                if self.load_k is not None and contrastive is None and result.source == MODEL:
                     self.load_k.observe(result.k, result.decision.num_accepted,
                                         result.rejected,
                                         result.propose_s if gen.round_index > 1 else None,
                                         result.proposed, *result.target_pass,
                                         draft_step_s=result.draft_step_s)
                 round_end = time.perf_counter()
-                if adaptive is not None and gen.round_index > 1:  # round 1 is mostly prefill
+                if adaptive is not None and gen.round_index > 1 and result.source == MODEL:
+                    # (round 1 is mostly prefill)
                     verify_s = result.verify_s
                     if contrastive is not None:
                         # Its plain form competes, at three calls per token: the whole
@@ -162,6 +195,8 @@ class SpeculativeLoop:
                     return
         finally:
             gen.release()
+            if gen.drafters is not None:
+                gen.drafters.finished()
             gen.record.finished(time.perf_counter() - t0, gen.meter.sent, gen.meter.received)
 
     def generate(self, prompt_ids: Sequence[int], max_new_tokens: int,
@@ -193,7 +228,8 @@ class Generation:
 
     def __init__(self, loop: SpeculativeLoop, prompt: list[int], sampling: SamplingParams,
                  k_max: int, stats: LoopStats | None,
-                 contrastive: ContrastiveParams | None = None):
+                 contrastive: ContrastiveParams | None = None, tenant: str | None = None,
+                 speculative: bool = False):
         self.loop, self.policy, self.sampling = loop, loop.policy, sampling
         self.contrastive = contrastive
         self.committed = TokenPrefix(prompt)
@@ -219,13 +255,17 @@ class Generation:
                                    self.policy.exit_target_acceptance) \
             if self.policy.confidence_exit and self.draft is not None and contrastive is None \
             else None
+        self.drafters = Drafters(self.policy.drafter, prompt, loop.lookup,
+                                 self.draft is not None, loop.output_cache, tenant) \
+            if speculative and loop.drafts_by_lookup else None
 
     @property
     def exit_below(self) -> float:
         return self.exit.threshold if self.exit is not None else 0.0
 
-    def round(self, k: int, remaining: int) -> RoundResult:
-        """One round of at most k drafts; `remaining` tokens are still wanted."""
+    def round(self, k: int, remaining: int, lookup_k: int = 0) -> RoundResult:
+        """One round of at most k drafts from the draft model, or lookup_k from the
+        look-up; `remaining` tokens are still wanted."""
         self.round_index += 1
         if self.contrastive is not None:
             return contrastive_round(self, k, remaining, self.contrastive)
@@ -233,6 +273,16 @@ class Generation:
         round_seed = derive_seed(self.sampling.seed, "round", self.round_index)
         # Always draw K uniforms, so the random stream does not depend on outcomes.
         u = torch.rand(max(k, 0), generator=self.uniforms, dtype=torch.float64).tolist()
+        found = self.drafters.lookup(committed, lookup_k) if self.drafters is not None \
+            else NO_LOOKUP
+        if found and (self.draft is None or not self.draft.ready() or self.drafters.choose(
+                found, self.predrafts is not None and self.predrafts.ready_for(committed))
+                == LOOKUP):
+            if self.predrafts is not None:
+                self.predrafts.set_aside()
+            return lookup_round(self, found, round_seed, u)
+        if self.drafters is not None and not self.drafters.uses_model:
+            k = 0  # --drafter lookup and no match: a target-only round
         max_propose = self.loop.max_propose
         pipelining = self.predrafts is not None and 0 < k < max_propose
         proposal = self.predrafts.take(committed, k) if self.predrafts is not None else None
@@ -289,6 +339,8 @@ class Generation:
 
     def commit(self, tokens: list[int]) -> None:
         self.committed.extend(tokens)
+        if self.drafters is not None:
+            self.drafters.committed(tokens)
         self.generated += len(tokens)
         self.record.committed(len(tokens))
 

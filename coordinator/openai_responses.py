@@ -40,6 +40,9 @@ def usage(stats: generate_pb2.GenerationStats) -> dict:
             "confidence_exits": stats.confidence_exits,
             "k_per_round": list(stats.k_per_round),
             "mean_head_size": stats.mean_head_size or None,  # contrastive decoding only
+            "lookup_rounds": stats.lookup_rounds,  # drafted by the model-free look-up
+            "lookup_drafted_tokens": stats.lookup_drafted_tokens,
+            "lookup_accepted_tokens": stats.lookup_accepted_tokens,
         },
     }
 

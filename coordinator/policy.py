@@ -24,6 +24,12 @@ class LoopPolicy:
     exit_threshold: float = 0.3  # the confidence exit's starting threshold
     exit_target_acceptance: float = 0.8  # the acceptance the exit steers towards
     top_n: int = 0  # sparse q size per drafted token; 0 = the draft's default
+    # Who drafts (coordinator.hybrid): "model", "lookup" (model-free, needs no draft
+    # service) or "hybrid" (per round, whichever is expected to give more tokens/s).
+    drafter: str = "hybrid"
+    lookup_k: int = 8  # drafts per look-up round at most
+    lookup_min_match: int = 2  # hybrid: a context match this long uses the look-up
+    lookup_cache: int = 0  # recent outputs kept per tenant for the look-up; 0 = off
 
 
 DEFAULT_POLICY = LoopPolicy()

@@ -33,6 +33,11 @@ class LoopStats:
     accepted_per_position: list[int] = field(default_factory=list)
     head_positions: int = 0  # contrastive: positions whose V_head was scored
     head_ids: int = 0  # contrastive: the ids of those V_heads, summed
+    # Rounds drafted by the model-free look-up (coordinator.lookup), and their drafts;
+    # included in rounds, drafted_tokens and accepted_tokens above.
+    lookup_rounds: int = 0
+    lookup_drafted_tokens: int = 0
+    lookup_accepted_tokens: int = 0
 
     @property
     def mean_head_size(self) -> float:
@@ -53,6 +58,8 @@ class RoundResult:
     target_pass: tuple[int, int, float] = (0, 0, 0.0)
     draft_step_s: float = 0.0  # the draft's mean pass duration for these drafts (0 = unknown)
     predraft_wait_s: float = 0.0  # waited for the pre-draft that supplied the drafts
+    source: str = "model"  # the drafter that supplied the drafts: "model" | "lookup"
+    match_len: int = 0  # a look-up's: how long a context suffix it continued
 
     @property
     def rejected(self) -> bool:
@@ -91,9 +98,16 @@ class Recorder:
             s.drafted_tokens += result.k
             s.accepted_tokens += accepted
             s.rejections += result.rejected
+            if accepted > len(s.accepted_per_position):  # a look-up may draft more than K
+                s.accepted_per_position += [0] * (accepted - len(s.accepted_per_position))
             for i in range(accepted):
                 s.accepted_per_position[i] += 1
+            if result.source == "lookup":
+                s.lookup_rounds += 1
+                s.lookup_drafted_tokens += result.k
+                s.lookup_accepted_tokens += accepted
             self.metrics.drafted(result.k, accepted)
+            self.metrics.drafter(result.source, result.k, accepted)
 
     def committed(self, tokens: int) -> None:
         self.metrics.generated(tokens)

@@ -121,11 +121,16 @@ def build_service(cfg: CoordinatorConfig) -> GenerationService:
         if router is not None:
             router.admit = admission_check(ref, kind, cfg.rpc_deadline)
     tokenizer = load_tokenizer(cfg.model or ref.model_id, ref.tokenizer_digest)
+    max_verify = min(i.max_draft_tokens for i in t_infos.values())
+    # With no draft service, the look-up (--drafter lookup/hybrid) still drafts, up to
+    # what the target verifies in one Verify.
+    lookup_only = draft is None and cfg.drafter != "model" and cfg.lookup_k > 0
     limits = Limits(
         vocab_size=ref.vocab_size,
         max_context=min(i.max_context for i in t_infos.values()),
-        max_draft_tokens=min((i.max_draft_tokens for i in d_infos.values()), default=0),
-        default_k=cfg.k if draft else 0,
+        max_draft_tokens=min((i.max_draft_tokens for i in d_infos.values()),
+                             default=max_verify if lookup_only else 0),
+        default_k=cfg.k if draft or lookup_only else 0,
         max_new_tokens_cap=cfg.max_new_tokens_cap,
         max_concurrency=cfg.max_concurrency,
         amateur_batch_dependent=any(i.batch_dependent_logits for i in d_infos.values()),
@@ -134,9 +139,12 @@ def build_service(cfg: CoordinatorConfig) -> GenerationService:
         tokenizer.eos_token_id is not None else []
     loop = SpeculativeLoop(draft, target, cfg.policy(), draft_backoff_s=cfg.draft_backoff,
                            max_propose=limits.max_draft_tokens or 1,
-                           max_concurrency=cfg.max_concurrency)
+                           max_concurrency=cfg.max_concurrency, max_verify=max_verify)
     modes = [name for name, on in (("pipelined", cfg.pipeline), ("adaptive K", cfg.adaptive_k),
-                                   ("confidence exit", cfg.confidence_exit)) if on]
+                                   ("confidence exit", cfg.confidence_exit),
+                                   (f"{cfg.drafter} drafter", cfg.drafter != "model"),
+                                   (f"output cache {cfg.lookup_cache}/tenant",
+                                    cfg.lookup_cache > 0)) if on]
     log.info("coordinator loop ready: %d target, %d draft replica(s), model %s, K=%d%s",
              len(t_infos), len(d_infos), ref.model_id, limits.default_k,
              f" ({', '.join(modes)})" if modes else "")

@@ -30,6 +30,9 @@ Coordinator (one registry per Serve replica):
   specdec_spec_decode_num_draft_tokens_total                counter  tokens drafted
   specdec_spec_decode_num_accepted_tokens_total             counter  drafts accepted
   specdec_spec_decode_num_accepted_tokens_per_pos_total{position}  counter (0-based)
+  specdec_coordinator_drafter_rounds_total{drafter}         counter  rounds with drafts,
+  specdec_coordinator_drafter_draft_tokens_total{drafter}      by drafter=model|lookup
+  specdec_coordinator_drafter_accepted_tokens_total{drafter}   (coordinator.hybrid)
   specdec_coordinator_round_duration_seconds                histogram  one round
   specdec_coordinator_round_draft_tokens                    histogram  K per round (the
                                                       K load-aware K chose; 0 = target only)
@@ -232,6 +235,7 @@ class LoopMetrics:
     def round(self, seconds: float, k: int = 0) -> None: ...
     def rpc(self, rpc: str, seconds: float) -> None: ...
     def drafted(self, num_draft: int, num_accepted: int) -> None: ...
+    def drafter(self, drafter: str, num_draft: int, num_accepted: int) -> None: ...
     def generated(self, tokens: int) -> None: ...
     def resync(self, rpc: str) -> None: ...
     def draft_fallback(self) -> None: ...
@@ -301,6 +305,13 @@ class PrometheusLoopMetrics(_Exporter, LoopMetrics):
             "specdec_coordinator_confidence_exits_total",
             "Rounds the draft cut short because its probability of its own token fell "
             "below the adaptive threshold.", registry=r)
+        self.drafter_counters = [Counter(
+            f"specdec_coordinator_drafter_{what}_total",
+            f"{help_} by the drafter that supplied them: model (the draft service) or "
+            "lookup (model-free, coordinator.lookup).", ["drafter"], registry=r)
+            for what, help_ in (("rounds", "Rounds with drafts,"),
+                                ("draft_tokens", "Draft tokens verified,"),
+                                ("accepted_tokens", "Draft tokens accepted,"))]
         for rpc in ("propose", "verify"):  # exported at 0 from the start
             self.rpc_seconds.labels(rpc)
             self.resyncs.labels(rpc)
@@ -324,6 +335,10 @@ class PrometheusLoopMetrics(_Exporter, LoopMetrics):
         self.num_accepted.inc(num_accepted)
         for i in range(num_accepted):
             self.accepted_per_pos.labels(str(i)).inc()
+
+    def drafter(self, drafter: str, num_draft: int, num_accepted: int) -> None:
+        for counter, n in zip(self.drafter_counters, (1, num_draft, num_accepted), strict=True):
+            counter.labels(drafter).inc(n)
 
     def generated(self, tokens: int) -> None:
         self.generated_tokens.inc(tokens)

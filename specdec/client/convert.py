@@ -27,7 +27,9 @@ def stats_from_proto(msg: generate_pb2.GenerationStats) -> Stats:
                  accepted_tokens=msg.accepted_tokens, seconds=msg.seconds,
                  pipelined_rounds=msg.pipelined_rounds, predrafts_wasted=msg.predrafts_wasted,
                  k_per_round=tuple(msg.k_per_round), confidence_exits=msg.confidence_exits,
-                 mean_head_size=msg.mean_head_size)
+                 mean_head_size=msg.mean_head_size, lookup_rounds=msg.lookup_rounds,
+                 lookup_drafted_tokens=msg.lookup_drafted_tokens,
+                 lookup_accepted_tokens=msg.lookup_accepted_tokens)
 
 
 def chunk_from_proto(msg: generate_pb2.GenerateChunk) -> Chunk:
@@ -52,7 +54,9 @@ def stats_to_proto(stats: Stats) -> generate_pb2.GenerationStats:
         accepted_tokens=stats.accepted_tokens, seconds=stats.seconds,
         pipelined_rounds=stats.pipelined_rounds, predrafts_wasted=stats.predrafts_wasted,
         k_per_round=stats.k_per_round, confidence_exits=stats.confidence_exits,
-        mean_head_size=stats.mean_head_size)
+        mean_head_size=stats.mean_head_size, lookup_rounds=stats.lookup_rounds,
+        lookup_drafted_tokens=stats.lookup_drafted_tokens,
+        lookup_accepted_tokens=stats.lookup_accepted_tokens)
 
 
 def chunk_to_proto(chunk: Chunk) -> generate_pb2.GenerateChunk:

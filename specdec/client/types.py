@@ -43,6 +43,10 @@ class Stats:
     k_per_round: tuple[int, ...]  # the K each round used
     confidence_exits: int  # rounds the draft cut short (its confidence fell too low)
     mean_head_size: float = 0.0  # contrastive decoding: mean |V_head| over scored positions
+    # Rounds drafted by the model-free look-up, and their drafts (included above).
+    lookup_rounds: int = 0
+    lookup_drafted_tokens: int = 0
+    lookup_accepted_tokens: int = 0
 
     @property
     def acceptance_rate(self) -> float | None:
