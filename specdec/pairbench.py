@@ -53,7 +53,7 @@ def measure(pair: Pair, pinned: bool, k: int, max_new_tokens: int, repeats: int,
         running = pairs.start(pair.with_models(model, model), stack, pin=pinned)
         service = build_service(CoordinatorConfig(target=running.target.address,
                                                   draft=running.draft.address,
-                                                  pipeline=False))
+                                                  pipeline=False, drafter="model"))
         spec_sc = SystemScenario(service, k)
         samples = harness.run_side_by_side([spec_sc, SystemScenario(service, 0)], PROMPTS,
                                            max_new_tokens, repeats, warmup=True,

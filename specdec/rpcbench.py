@@ -85,7 +85,7 @@ def run(draft_address: str | None = None, target_address: str | None = None,
                                                        pipeline=False))
         spec_service = build_service(CoordinatorConfig(target=target_address,
                                                        draft=draft_address, top_n=top_n,
-                                                       pipeline=False))
+                                                       pipeline=False, drafter="model"))
         draft = spec_service.loop.draft.replicas()[0].client
         target = spec_service.loop.target.replicas()[0].client
         d_info, t_info = draft.info(), target.info()

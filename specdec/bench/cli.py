@@ -64,9 +64,9 @@ def run(args: argparse.Namespace) -> int:
         running = pairs.start(pair, stack, pin=args.pin)
         addresses = dict(target=running.target.address, draft=running.draft.address)
 
-        def service(**options):  # sequential rounds unless an option says otherwise
-            return build_service(CoordinatorConfig(**addresses, **{"pipeline": False,
-                                                                   **options}))
+        def service(**options):  # sequential model-drafted rounds unless options say
+            return build_service(CoordinatorConfig(**{**addresses, "pipeline": False,
+                                                      "drafter": "model", **options}))
 
         system = service()
         scenarios = [SystemScenario(system, 0)] + [SystemScenario(system, k) for k in ks]
@@ -86,8 +86,8 @@ def run(args: argparse.Namespace) -> int:
         # One pass per peer set-up, each with its peers alone in memory (every peer is a
         # process holding its own model). Later passes rerun only target-only and specdec
         # as deployed beside their peers, so every peer has a baseline of its own pass.
-        deployed = [sc for sc in scenarios
-                    if sc.k == 0 or sc.name == f"specdec K={k_pipe}{LOOPS['pipelined'][0]}"]
+        as_deployed = {f"specdec K={k_pipe}{LOOPS[v][0]}" for v in DEPLOYED}
+        deployed = [sc for sc in scenarios if sc.k == 0 or sc.name in as_deployed]
         samples = []
         for i, setup in enumerate(_list(args.peer_setups) or [None]):
             peer_list = [] if setup is None else peer_setups.start_all(
@@ -158,11 +158,14 @@ def run(args: argparse.Namespace) -> int:
 # --loops: name -> (scenario label, CoordinatorConfig options); the K sweep is sequential
 LOOPS = {
     "pipelined": (" pipelined", dict(pipeline=True)),
+    "hybrid": (" hybrid pipelined", dict(pipeline=True, drafter="hybrid")),
+    "lookup": (" model-free, no draft service", dict(draft="", drafter="lookup")),
     "pipelined-exit": (" pipelined + confidence exit", dict(pipeline=True, confidence_exit=True)),
     "pipelined-adaptive": (" pipelined + adaptive K", dict(pipeline=True, adaptive_k=True)),
     "exit": (" + confidence exit", dict(pipeline=False, confidence_exit=True)),
     "adaptive": (" + adaptive K", dict(pipeline=False, adaptive_k=True)),
 }
+DEPLOYED = ("pipelined", "hybrid")  # the loops rerun beside every peer set-up
 
 
 def add_parser(sub) -> None:
@@ -208,7 +211,8 @@ def add_parser(sub) -> None:
                         "bf16 where the CPU has it; GenAI's out-of-the-box precision gets "
                         "its own labelled row); drafts use their defaults "
                         "(default: %(default)s)")
-    p.add_argument("--loops", default="pipelined,pipelined-exit,pipelined-adaptive",
+    p.add_argument("--loops", default="pipelined,hybrid,lookup,pipelined-exit,"
+                                      "pipelined-adaptive",
                    help="loop variants run at K=4 besides the sequential K sweep, among "
                         f"{', '.join(LOOPS)}; empty = none (default: %(default)s)")
     p.add_argument("--rtt", default="0,1,5,20",
@@ -238,7 +242,7 @@ def add_parser(sub) -> None:
         if args.quick:
             args.k, args.repeats, args.max_new_tokens = "4", 1, 32
             args.temperatures, args.peers, args.rtt = "0", "inprocess,genai", "0,20"
-            args.loops, args.peer_setups = "pipelined", "target-device"
+            args.loops, args.peer_setups = "pipelined,hybrid,lookup", "target-device"
         return run(args)
 
     p.set_defaults(func=main)

@@ -130,7 +130,7 @@ def _sweep(target: str, draft: str, rtts, messages, k: int, max_new_tokens: int,
         def service(pipeline: bool, rtt: float = rtt):
             extra = dict(inject_rtt_ms=rtt, inject_jitter_ms=jitter_ms) if inject else {}
             return build_service(CoordinatorConfig(target=target, draft=draft, pipeline=pipeline,
-                                                   **extra))
+                                                   drafter="model", **extra))
 
         scenarios = [SystemScenario(service(False), 0), SystemScenario(service(False), k),
                      SystemScenario(service(True), k, " pipelined")]

@@ -80,7 +80,7 @@ def measure(label: str, skip: layer_skip.SkipSet, pair, k: int, messages: list[s
         def service(pipeline: bool):
             return build_service(CoordinatorConfig(target=running.target.address,
                                                    draft=running.draft.address,
-                                                   pipeline=pipeline))
+                                                   pipeline=pipeline, drafter="model"))
 
         seq, pip = SystemScenario(service(False), k), SystemScenario(service(True), k,
                                                                      "pipelined")

@@ -122,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
         for transport, pair_run in running.items():
             service = build_service(CoordinatorConfig(
                 target=pair_run.target.address, draft=pair_run.draft.address,
-                pipeline=args.pipeline, **(client if transport == MTLS else {})))
+                pipeline=args.pipeline, drafter="model", **(client if transport == MTLS else {})))
             for k in ks:
                 sc = SystemScenario(service, k)
                 sc.name = f"K={k} {transport}"
