@@ -36,14 +36,19 @@ def uniforms(gen: Generation, u: list[float], n: int) -> list[float]:
     return u + torch.rand(n - len(u), generator=extra, dtype=torch.float64).tolist()
 
 
-def lookup_round(gen: Generation, found: Lookup, round_seed: int,
-                 u: list[float]) -> RoundResult:
+def lookup_round(gen: Generation, found: Lookup, round_seed: int, u: list[float],
+                 covered: bool = False) -> RoundResult:
+    """`covered`: a pre-draft of the branch where the first draft is rejected is in
+    flight (Generation._cover_lookup_miss); it is called off once the round emitted more
+    than one token, which that branch did not assume."""
     drafts = list(found.tokens)
     dists = [] if gen.sampling.greedy else [wire.point_mass_dist(t) for t in drafts]
     t0 = time.perf_counter()
     result = gen.target.verify(gen.committed, drafts, dists, gen.sampling, round_seed)
     verify_s = time.perf_counter() - t0
     decision = decide(drafts, [1.0] * len(drafts), result, uniforms(gen, u, len(drafts)))
+    if covered and len(decision.tokens) > 1:
+        gen.predrafts.pending.call_off()
     return RoundResult(decision, len(drafts), verify_s,
                        target_pass=(result.pass_sessions, result.pass_tokens,
                                     result.pass_seconds),

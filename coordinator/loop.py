@@ -278,9 +278,9 @@ class Generation:
         if found and (self.draft is None or not self.draft.ready() or self.drafters.choose(
                 found, self.predrafts is not None and self.predrafts.ready_for(committed))
                 == LOOKUP):
-            if self.predrafts is not None:
-                self.predrafts.set_aside()
-            return lookup_round(self, found, round_seed, u)
+            return lookup_round(self, found, round_seed, u,
+                                self._cover_lookup_miss(committed, k, remaining,
+                                                        len(found.tokens)))
         if self.drafters is not None and not self.drafters.uses_model:
             k = 0  # --drafter lookup and no match: a target-only round
         max_propose = self.loop.max_propose
@@ -336,6 +336,27 @@ class Generation:
         return RoundResult(decision, len(drafts), verify_s, propose_s, proposed, exited_early,
                            (result.pass_sessions, result.pass_tokens, result.pass_seconds),
                            draft_step_s)
+
+    def _cover_lookup_miss(self, committed: list[int], k: int, remaining: int,
+                           n: int) -> bool:
+        """Before a look-up round of n drafts: the draft model, idle while the target
+        verifies them, pre-drafts the branch where the first is rejected, from the
+        committed ids with its own first token standing in for the recovered one
+        (lead=1). The look-up covers the copy, the draft the rest. Not when this round
+        may end the generation (as for every pre-draft). True if started."""
+        pre = self.predrafts
+        if pre is None:
+            return False
+        if pre.pending is not None and pre.pending.prefill:
+            return False  # the prefill's pre-draft is never called off; it stays pending
+        pre.take(committed, 0)  # call off and settle any other pre-draft
+        max_propose = self.loop.max_propose
+        if not (self.drafters.uses_model and 0 < k and max_propose >= 3 and n + 2 < remaining
+                and self.draft.ready()):
+            return False
+        pre.start(self.committed, committed, min(k, max_propose - 2), self.exit_below,
+                  lead=1, branch="lookup-miss")
+        return True
 
     def commit(self, tokens: list[int]) -> None:
         self.committed.extend(tokens)

@@ -40,6 +40,10 @@ class PreDraft:
     lead: int = 0  # its first tokens are guesses too
     prefill: bool = False  # the prefill round's: never called off
     called_off: bool = False
+    # Which outcome of the round it covers: "all-accepted" (every draft accepted, the
+    # bonus its guess) or "lookup-miss" (a look-up round's first draft rejected, the
+    # recovered token its own first token; coordinator.loop).
+    branch: str = "all-accepted"
 
     def call_off(self) -> None:
         self.called_off = True
@@ -58,11 +62,11 @@ class PreDrafts:
     def start(self, committed: TokenPrefix, assumed_tokens: list[int], k: int,
               exit_below: float, lead: int = 0, prefill: bool = False, guess: bool = True,
               keep_logits: bool = False, min_p: float = 0.0,
-              guess_seed: int | None = None) -> None:
+              guess_seed: int | None = None, branch: str = "all-accepted") -> None:
         """Propose k drafts and a guess (unless not `guess`) on top of `assumed_tokens`
         (the committed ids plus guesses) plus the draft's own first `lead` tokens.
         `prefill`: this is the prefill round's pre-draft (never called off).
-        keep_logits, min_p, guess_seed: as in Propose."""
+        keep_logits, min_p, guess_seed: as in Propose. `branch`: the outcome it covers."""
         replica = self.draft.replica
         if replica is None:
             return
@@ -81,8 +85,8 @@ class PreDrafts:
         # Called off at any point, the draft still holds the kept prefix: a request never
         # crops below its keep_len, and what it fed before stopping only adds to it.
         self.pending = PreDraft(self.executor.submit(predraft), list(assumed_tokens), cancel,
-                                assumed.tokens[:keep_len], lead, prefill)
-        self.record.predraft_started()
+                                assumed.tokens[:keep_len], lead, prefill, branch=branch)
+        self.record.predraft_started(branch)
 
     def expect(self, tokens: list[int], lead: list[int] = ()) -> None:
         """The round's outcome is known to begin the ids `tokens`: call the pending
@@ -99,14 +103,6 @@ class PreDrafts:
         pre = self.pending
         return pre is not None and not pre.called_off and not pre.lead and \
             pre.assumed == committed
-
-    def set_aside(self) -> None:
-        """This round drafts otherwise (a look-up): call the pending pre-draft off, unless
-        it is the prefill's (which keeps the draft's prefill). It stays pending, so the
-        next `take` or `drop` settles it and the draft's view, without waiting now."""
-        pre = self.pending
-        if pre is not None and not pre.prefill:
-            pre.call_off()
 
     def take(self, committed: list[int], k: int) -> Proposal | None:
         """The pending pre-draft for this round if its assumption held (its K may differ:
@@ -125,7 +121,7 @@ class PreDrafts:
         except grpc.FutureCancelledError:
             proposal, view_tokens = None, pre.surely_held
         except grpc.RpcError as e:
-            self.record.predraft(used=False)
+            self.record.predraft(False, pre.branch)
             self.draft.view.forget()
             if self.draft.replica is not None and \
                     e.code() not in RESYNC_CODES + (grpc.StatusCode.ABORTED,):
@@ -142,7 +138,7 @@ class PreDrafts:
             proposal = Proposal(proposal.tokens[pre.lead:], proposal.dists[pre.lead:],
                                 proposal.cached_len, proposal.requested - pre.lead,
                                 proposal.step_seconds)
-        self.record.predraft(useful)
+        self.record.predraft(useful, pre.branch)
         return proposal if useful else None
 
     def drop(self) -> None:
@@ -156,4 +152,4 @@ class PreDrafts:
         except (grpc.RpcError, grpc.FutureCancelledError):
             pass
         self.draft.view.holds(pre.surely_held)
-        self.record.predraft(used=False)
+        self.record.predraft(False, pre.branch)

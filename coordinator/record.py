@@ -38,6 +38,10 @@ class LoopStats:
     lookup_rounds: int = 0
     lookup_drafted_tokens: int = 0
     lookup_accepted_tokens: int = 0
+    # Pre-drafts of the branch where a look-up round's first draft is rejected (the draft
+    # model covers it while the target verifies the look-up's drafts): started, used.
+    lookup_miss_predrafts: int = 0
+    lookup_miss_hits: int = 0
 
     @property
     def mean_head_size(self) -> float:
@@ -127,12 +131,16 @@ class Recorder:
         self.stats.target_repins += 1
         self.metrics.target_repin()
 
-    def predraft_started(self) -> None:
+    def predraft_started(self, branch: str = "all-accepted") -> None:
         self.stats.predrafts_started += 1
+        if branch == "lookup-miss":
+            self.stats.lookup_miss_predrafts += 1
 
-    def predraft(self, used: bool) -> None:
+    def predraft(self, used: bool, branch: str = "all-accepted") -> None:
         if used:
             self.stats.pipelined_rounds += 1
+            if branch == "lookup-miss":
+                self.stats.lookup_miss_hits += 1
         else:
             self.stats.predrafts_wasted += 1
         self.metrics.predraft(used)

@@ -29,7 +29,9 @@ def stats_from_proto(msg: generate_pb2.GenerationStats) -> Stats:
                  k_per_round=tuple(msg.k_per_round), confidence_exits=msg.confidence_exits,
                  mean_head_size=msg.mean_head_size, lookup_rounds=msg.lookup_rounds,
                  lookup_drafted_tokens=msg.lookup_drafted_tokens,
-                 lookup_accepted_tokens=msg.lookup_accepted_tokens)
+                 lookup_accepted_tokens=msg.lookup_accepted_tokens,
+                 lookup_miss_predrafts=msg.lookup_miss_predrafts,
+                 lookup_miss_hits=msg.lookup_miss_hits)
 
 
 def chunk_from_proto(msg: generate_pb2.GenerateChunk) -> Chunk:
@@ -56,7 +58,9 @@ def stats_to_proto(stats: Stats) -> generate_pb2.GenerationStats:
         k_per_round=stats.k_per_round, confidence_exits=stats.confidence_exits,
         mean_head_size=stats.mean_head_size, lookup_rounds=stats.lookup_rounds,
         lookup_drafted_tokens=stats.lookup_drafted_tokens,
-        lookup_accepted_tokens=stats.lookup_accepted_tokens)
+        lookup_accepted_tokens=stats.lookup_accepted_tokens,
+        lookup_miss_predrafts=stats.lookup_miss_predrafts,
+        lookup_miss_hits=stats.lookup_miss_hits)
 
 
 def chunk_to_proto(chunk: Chunk) -> generate_pb2.GenerateChunk:

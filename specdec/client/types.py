@@ -47,6 +47,9 @@ class Stats:
     lookup_rounds: int = 0
     lookup_drafted_tokens: int = 0
     lookup_accepted_tokens: int = 0
+    # Pre-drafts of the branch where a look-up round's first draft is rejected, and hits.
+    lookup_miss_predrafts: int = 0
+    lookup_miss_hits: int = 0
 
     @property
     def acceptance_rate(self) -> float | None:

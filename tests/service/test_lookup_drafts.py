@@ -56,7 +56,7 @@ def test_greedy_lookup_equals_target_only(draft_client, target_client, mode):
     with_draft, policy = MODES[mode]
     base_loop = SpeculativeLoop(None, target_client, LoopPolicy(drafter="model"))
     loop = lookup_loop(draft_client if with_draft else None, target_client, **policy)
-    lookup_rounds = model_rounds = accepted = 0
+    lookup_rounds = model_rounds = accepted = covered = hits = 0
     for prompt in PROMPTS + PROMPTS:
         base, _ = run(base_loop, prompt, SamplingParams(), 0)
         ids, stats = run(loop, prompt, SamplingParams(), 4, tenant="t")
@@ -65,11 +65,17 @@ def test_greedy_lookup_equals_target_only(draft_client, target_client, mode):
         lookup_rounds += stats.lookup_rounds
         accepted += stats.lookup_accepted_tokens
         model_rounds += stats.drafted_tokens > stats.lookup_drafted_tokens
+        covered += stats.lookup_miss_predrafts
+        hits += stats.lookup_miss_hits
+        assert stats.pipelined_rounds + stats.predrafts_wasted == stats.predrafts_started
         assert 0 <= stats.lookup_accepted_tokens <= stats.lookup_drafted_tokens
         assert stats.lookup_drafted_tokens <= stats.drafted_tokens
     assert lookup_rounds > 0 and accepted > 0  # the look-up drafted, and was right
     if policy["drafter"] == "hybrid":
         assert model_rounds > 0  # and so did the model
+    # Pipelined hybrid rounds: the draft covers the look-up's miss while the target
+    # verifies the look-up's drafts, and some of those pre-drafts are used.
+    assert (covered > 0 and hits > 0) == (mode == "hybrid-pipelined"), (covered, hits)
 
 
 def test_lookup_drafts_more_than_k_and_the_output_cache_helps(target_client):
