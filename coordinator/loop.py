@@ -347,7 +347,7 @@ class Generation:
         pre = self.predrafts
         if pre is None:
             return False
-        if pre.pending is not None and pre.pending.prefill:
+        if pre.pending is not None and pre.pending.prefill and not pre.pending.future.done():
             return False  # the prefill's pre-draft is never called off; it stays pending
         pre.take(committed, 0)  # call off and settle any other pre-draft
         max_propose = self.loop.max_propose

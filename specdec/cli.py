@@ -84,6 +84,9 @@ def parser() -> argparse.ArgumentParser:
     from specdec.bench.skip import add_parser as add_bench_skip
 
     add_bench_skip(sub)
+    from specdec.bench.drafters import add_parser as add_bench_drafters
+
+    add_bench_drafters(sub)
     return p
 
 
