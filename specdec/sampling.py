@@ -4,7 +4,9 @@ There is exactly one copy of this code: the draft's q and the target's p must co
 of the same processing or speculative sampling stops being lossless.
 
 Order of processing (as in HF transformers and vLLM): temperature, then top-k, then
-top-p, then (draft only) sparse truncation to the `top_n` most likely tokens.
+top-p, then (draft only) sparse truncation to the most likely tokens holding `top_mass`
+of the mass, at most `top_n` of them, and quantisation of what is kept to integer counts
+(`quantise`), which the draft samples from (`sample_counts`) and sends.
 Greedy (temperature 0) is the one-hot distribution at the argmax of the raw logits.
 """
 
@@ -18,7 +20,16 @@ import torch
 
 from specdec.errors import require
 
-DEFAULT_TOP_N = 64
+# A draft's sparse q keeps the fewest most likely tokens holding DEFAULT_TOP_MASS of the
+# mass, at most DEFAULT_TOP_N of them. Truncating to mass m costs at most 1 - m of a
+# token's acceptance; the cap binds on flat distributions (SmolLM2 at temperature 1) and
+# keeps a sampled K = 4 round under 1.2 KB (docs/design.md, section 5).
+DEFAULT_TOP_N = 32
+DEFAULT_TOP_MASS = 0.99
+# Quantize-Sample-Verify: a draft's sparse q is integer counts, each >= 1, summing to
+# Q_TOTAL, so q(x) = count(x) / Q_TOTAL exactly. 65535 is the largest total whose every
+# count fits in 16 bits, so a q holds at most Q_TOTAL tokens.
+Q_TOTAL = 65535
 
 
 @dataclass(frozen=True)
@@ -69,16 +80,66 @@ def process_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor
     return probs
 
 
-def truncate(probs: torch.Tensor, top_n: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Keep the `top_n` most likely tokens of a 1-D distribution and renormalise.
+def truncate(probs: torch.Tensor, top_n: int,
+             top_mass: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keep the fewest most likely tokens of a 1-D distribution that hold at least
+    `top_mass` of its mass, at most `top_n` (and Q_TOTAL) of them, and renormalise.
 
     Returns (token ids int64, probs float32), most likely first, zero-probability
-    tokens dropped. The draft samples from exactly this distribution and sends it.
+    tokens dropped. The draft quantises this (`quantise`) and samples from the counts.
     """
     require(top_n >= 1, f"top_n must be >= 1, got {top_n}")
-    n = min(top_n, int((probs > 0).sum()))
+    require(0.0 < top_mass <= 1.0, f"top_mass must be in (0, 1], got {top_mass}")
+    n = min(top_n, Q_TOTAL, int((probs > 0).sum()))
     values, ids = torch.topk(probs, n)
+    if top_mass < 1.0:
+        held = torch.cumsum(values.double(), 0) / float(probs.double().sum())
+        n = min(n, int(torch.searchsorted(held, top_mass)) + 1)  # first to reach it
+        values, ids = values[:n], ids[:n]
     return ids, (values / values.sum()).float()
+
+
+def quantise(probs: torch.Tensor) -> torch.Tensor:
+    """Quantize-Sample-Verify (2025): a sparse distribution of n <= Q_TOTAL positive
+    probabilities (need not be normalised) as int64 counts, each >= 1, summing to
+    exactly Q_TOTAL, in the same order.
+
+    Largest remainder: floor(p * Q_TOTAL) raised to at least 1, then one more for the
+    largest remainders until the sum is Q_TOTAL, or the excess taken off the largest
+    counts. The draft samples from these counts (`sample_counts`) and sends them, so
+    the q the target verifies against is exactly the one the token was drawn from.
+    """
+    n = len(probs)
+    require(1 <= n <= Q_TOTAL, f"a quantised q holds 1 to {Q_TOTAL} tokens, got {n}")
+    p = probs.double()
+    scaled = p / p.sum() * Q_TOTAL
+    counts = scaled.floor().long().clamp_(min=1)
+    short = Q_TOTAL - int(counts.sum())  # <= n: each floor loses less than 1
+    if short > 0:
+        order = torch.argsort(scaled - counts, descending=True, stable=True)
+        counts[order[:short]] += 1
+    while short < 0:  # raising tiny probabilities to 1 overshot: the largest give back
+        j = int(counts.argmax())
+        take = min(-short, int(counts[j]) - 1)
+        counts[j] -= take
+        short += take
+    return counts
+
+
+def sample_counts(counts: torch.Tensor, generator: torch.Generator) -> int:
+    """One exact draw (an index) from positive integer counts, e.g. `quantise`'s.
+
+    A uniform integer r in [0, total) by rejection from draws of just enough bits
+    (each exactly uniform: 2^bits divides the generator's 2^32 range), then the first
+    index whose running count exceeds r. Deterministic for a seeded generator.
+    """
+    cdf = torch.cumsum(counts.long(), 0)
+    total = int(cdf[-1])
+    span = 1 << (total - 1).bit_length()
+    r = total
+    while r >= total:
+        r = int(torch.randint(0, span, (), generator=generator))
+    return int(torch.searchsorted(cdf, torch.tensor([r]), right=True))
 
 
 def densify(ids: torch.Tensor, probs: torch.Tensor, vocab_size: int) -> torch.Tensor:
