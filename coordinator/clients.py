@@ -49,11 +49,11 @@ class Proposal:
         return len(self.tokens) < self.requested
 
     def draft_prob(self, i: int) -> float:
-        """q_i(x_i); 1.0 when greedy (no dists)."""
+        """q_i(x_i) (from either form of SparseDist, as the target reads it); 1.0 when
+        greedy (no dists)."""
         if not self.dists:
             return 1.0
-        d = self.dists[i]
-        return d.probs[list(d.token_ids).index(self.tokens[i])]
+        return wire.dist_from_proto(self.dists[i], f"dists[{i}]").prob_of(self.tokens[i])
 
 
 @dataclass(frozen=True)

@@ -36,10 +36,10 @@ import torch
 
 from coordinator.link import AmateurUnavailable
 from coordinator.record import RoundResult
-from specdec import coupling
+from specdec import coupling, wire
 from specdec.contrastive import ContrastiveParams, head_distribution
 from specdec.sampling import derive_seed, generator
-from specdec.verify import Decision, SparseQ, TokenKind, decide, target_round
+from specdec.verify import Decision, TokenKind, decide, target_round
 
 log = logging.getLogger(__name__)
 
@@ -135,8 +135,7 @@ def _round(gen, k: int, remaining: int, params: ContrastiveParams, round_seed: i
     ids = [int(h.token_ids.max()) for h in expert.heads] + drafts
     qs = None
     if dists:
-        qs = [SparseQ(torch.tensor(list(d.token_ids)), torch.tensor(list(d.probs)))
-              for d in dists]
+        qs = [wire.dist_from_proto(d, f"dists[{i}]") for i, d in enumerate(dists)]
         ids += [int(q.token_ids.max()) for q in qs]
     p = contrastive_p(expert.heads, amateur, params, sampling.temperature, 1 + max(ids))
     result = target_round(p, drafts, qs, generator(round_seed, "verify"))

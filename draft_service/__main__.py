@@ -18,7 +18,7 @@ def create(cfg: DraftConfig) -> tuple[SpecdecServer, int, DraftEngine]:
     tls = server_tls(cfg.tls_cert, cfg.tls_key, cfg.tls_client_ca)
     model = load_cached_model(cfg)
     engine = DraftEngine(model, cfg.max_draft_tokens, cfg.top_n,
-                         policy=skip_policy(cfg, model))
+                         policy=skip_policy(cfg, model), default_top_mass=cfg.top_mass)
     grpc_server, port = build_server(cfg.address, [server.service(engine)],
                                      max_workers=cfg.workers, tls=tls)
     start_metrics("draft", cfg, engine.model)

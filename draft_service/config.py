@@ -6,7 +6,7 @@ import argparse
 from dataclasses import dataclass, fields
 
 from specdec.runtime import layer_skip
-from specdec.sampling import DEFAULT_TOP_N
+from specdec.sampling import DEFAULT_TOP_MASS, DEFAULT_TOP_N
 from specdec.service_cli import ModelServiceConfig, add_model_service_flags
 from specdec.tls import ServerTLSFields, add_server_tls_flags
 
@@ -17,6 +17,7 @@ DEFAULT_PORT = 50051
 class DraftConfig(ServerTLSFields, ModelServiceConfig):
     port: int = DEFAULT_PORT
     top_n: int = DEFAULT_TOP_N
+    top_mass: float = DEFAULT_TOP_MASS
     # A draft's precision never changes the output, only its speed. f32: on the AMX CPUs
     # measured (oneDNN capped at AVX-512 BF16), the int8 draft steps in 24.7 ms in f32
     # against 25.1 ms in bf16 alone, and 37.7 against 63.7 ms for a batch of 8.
@@ -37,6 +38,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--top-n", type=int, default=DEFAULT_TOP_N,
                    help="size of the sparse q sent per drafted token when a request says 0; "
                         "smaller = fewer bytes, slightly lower acceptance (default: %(default)s)")
+    p.add_argument("--top-mass", type=mass, default=DEFAULT_TOP_MASS,
+                   help="keep only the fewest most likely tokens holding this much of the "
+                        "mass in each sparse q (at most --top-n of them) when a request "
+                        "says 0; in (0, 1], 1 = always --top-n; smaller = fewer bytes, "
+                        "slightly lower acceptance (default: %(default)s)")
     p.add_argument("--skip-layers", type=layer_skip.arg, default=(), metavar="SET",
                    help="serve the model with these decoder layers skipped, a "
                         "self-speculative draft (Draft & Verify; specdec.runtime.layer_skip): "
@@ -60,6 +66,14 @@ def parser() -> argparse.ArgumentParser:
     add_server_tls_flags(p)
     return p
 
+
+
+def mass(text: str) -> float:
+    """--top-mass: a float in (0, 1]."""
+    value = float(text)
+    if not 0.0 < value <= 1.0:  # False for NaN
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text}")
+    return value
 
 
 def from_args(argv: list[str] | None = None) -> DraftConfig:

@@ -1,9 +1,11 @@
 """DraftEngine: Propose without gRPC.
 
 Feeds the new tokens, then samples K tokens one at a time from the processed
-distribution truncated to top_n (the sparse q it reports is exactly what it sampled
-from). With a confidence exit (`exit_below`), it stops after the first token it drew
-with probability below the threshold: the round is cut where the draft starts guessing.
+distribution truncated to its most likely tokens (those holding top_mass of the mass,
+at most top_n) and quantised to integer counts (Quantize-Sample-Verify): the sparse q
+it reports is exactly what it sampled from. With a confidence exit (`exit_below`), it
+stops after the first token it drew with probability below the threshold: the round is
+cut where the draft starts guessing.
 Its cache ends holding everything but the last token returned, which it has not fed;
 the next request's keep_len drops rejected drafts or feeds it when all were accepted.
 """
@@ -22,11 +24,14 @@ from specdec import coupling
 from specdec.errors import Cancelled, require
 from specdec.runtime.cached_model import CachedModel, ServiceInfo
 from specdec.sampling import (
+    DEFAULT_TOP_MASS,
     DEFAULT_TOP_N,
+    Q_TOTAL,
     SamplingParams,
     generator,
     process_logits,
-    sample,
+    quantise,
+    sample_counts,
     truncate,
 )
 from specdec.sync import SyncRequest
@@ -41,6 +46,7 @@ class ProposeArgs(SyncRequest):
     num_tokens: int = 1  # K
     sampling: SamplingParams = field(default_factory=SamplingParams)
     top_n: int = 0  # 0 = the engine's default
+    top_mass: float = 0.0  # 0 = the engine's default
     exit_below: float = 0.0  # confidence exit: stop after a token drawn with prob < this
     keep_logits: bool = False  # keep each step's logits for a later Score (contrastive)
     min_p: float = 0.0  # propose only tokens with q >= min_p * max q (0 = off)
@@ -57,31 +63,36 @@ class ProposeResult:
 
 class DraftEngine:
     def __init__(self, model: CachedModel, max_draft_tokens: int = 16,
-                 default_top_n: int = DEFAULT_TOP_N, policy: SkipPolicy | None = None):
+                 default_top_n: int = DEFAULT_TOP_N, policy: SkipPolicy | None = None,
+                 default_top_mass: float = DEFAULT_TOP_MASS):
         self.model = model
         # skipping on the fly: the policy picks the set, the backend's layers apply it
         self.policy = policy
         self.dynamic = getattr(model.backend, "dynamic_skip", None) if policy else None
         self.max_draft_tokens = max_draft_tokens
         self.default_top_n = default_top_n
+        self.default_top_mass = default_top_mass
         self.amateur = Amateur(model, max_draft_tokens + 1)
 
     def info(self) -> ServiceInfo:
         return self.model.info(self.max_draft_tokens, self.default_top_n)
 
-    def validate(self, args: ProposeArgs) -> int:
-        """INVALID_ARGUMENT for a malformed request; returns the effective top_n."""
+    def validate(self, args: ProposeArgs) -> tuple[int, float]:
+        """INVALID_ARGUMENT for a malformed request; returns the effective top_n and
+        top_mass."""
         k = args.num_tokens
         require(1 <= k <= self.max_draft_tokens,
                 f"num_tokens must be in [1, {self.max_draft_tokens}], got {k}")
         args.sampling.validate()
         require(args.top_n >= 0, f"top_n must be >= 0 (0 = default), got {args.top_n}")
+        require(0.0 <= args.top_mass <= 1.0,  # False for NaN
+                f"top_mass must be in [0, 1] (0 = default), got {args.top_mass}")
         require(0.0 <= args.exit_below <= 1.0,
                 f"exit_below must be in [0, 1] (0 = off), got {args.exit_below}")
         require(0.0 <= args.min_p <= 1.0, f"min_p must be in [0, 1] (0 = off), got {args.min_p}")
         # The cache will hold the new tokens and K - 1 drafts.
         self.model.check_sync(args, extra_positions=k - 1)
-        return args.top_n or self.default_top_n
+        return args.top_n or self.default_top_n, args.top_mass or self.default_top_mass
 
     def propose(self, args: ProposeArgs, cancelled: Callable[[], bool] = lambda: False,
                 busy_wait_s: float = 0.0) -> ProposeResult:
@@ -91,7 +102,7 @@ class DraftEngine:
         still holds (most likely a called-off pre-draft finishing its step) is waited for
         up to `busy_wait_s` (the server passes the call's remaining deadline) before
         ABORTED."""
-        top_n = self.validate(args)
+        top_n, top_mass = self.validate(args)
         if cancelled():  # e.g. it waited behind other sessions' work
             raise Cancelled("the client called this request off")
         params = args.sampling
@@ -121,14 +132,15 @@ class DraftEngine:
                         confidence = float(torch.softmax(logits.float(), -1)[x]) \
                             if args.exit_below > 0 else 1.0
                     else:
-                        ids, q = truncate(process_logits(logits, params), top_n)
+                        ids, q = truncate(process_logits(logits, params), top_n, top_mass)
                         if args.min_p > 0:  # q is sorted, most likely first
-                            n = int((q >= args.min_p * q[0]).sum())
-                            ids, q = ids[:n], q[:n] / q[:n].sum()
-                        j = sample(q, gen) if i or args.guess_seed is None else \
-                            coupling.draw(ids, q, args.guess_seed)
-                        x, confidence = int(ids[j]), float(q[j])
-                        dists.append(SparseQ(ids, q))
+                            ids = ids[:int((q >= args.min_p * q[0]).sum())]
+                        # Quantize-Sample-Verify: draw from the counts that are sent
+                        counts = quantise(q[:len(ids)])
+                        j = sample_counts(counts, gen) if i or args.guess_seed is None \
+                            else coupling.draw(ids, counts.double(), args.guess_seed)
+                        x, confidence = int(ids[j]), int(counts[j]) / Q_TOTAL
+                        dists.append(SparseQ.quantised(ids, counts))
                     tokens.append(x)
                     s.next_token = (s.cached_len, x)  # a read-only Score may ask for it
                     if i + 1 == k or confidence < args.exit_below or cancelled():

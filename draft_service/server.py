@@ -24,6 +24,7 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
             keep_digest=request.keep_digest, new_tokens=list(request.new_tokens),
             num_tokens=request.num_tokens,
             sampling=wire.sampling_from_proto(request.sampling), top_n=request.top_n,
+            top_mass=request.top_mass,
             exit_below=request.exit_below, keep_logits=request.keep_logits,
             min_p=request.min_p,
             guess_seed=request.guess_seed if request.HasField("guess_seed") else None,

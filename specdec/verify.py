@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specdec.sampling import densify, sample
+from specdec.sampling import Q_TOTAL, densify, sample
 
 
 class TokenKind(enum.IntEnum):
@@ -39,18 +39,27 @@ class TokenKind(enum.IntEnum):
 
 @dataclass(frozen=True)
 class SparseQ:
-    """A draft distribution q_i as sent on the wire: token ids and their probabilities."""
+    """A draft distribution q_i as sent on the wire: token ids and their probabilities.
+
+    A quantised q (Quantize-Sample-Verify, `sampling.quantise`) also holds its integer
+    counts, summing to sampling.Q_TOTAL, and probs = counts / Q_TOTAL (float64): what
+    the draft sampled from and what both the coordinator and the target use."""
 
     token_ids: torch.Tensor  # int64 [n]
-    probs: torch.Tensor  # float32 [n]
+    probs: torch.Tensor  # float [n]
+    counts: torch.Tensor | None = None  # int64 [n]; None for the float wire form
 
     def prob_of(self, token: int) -> float:
         hit = (self.token_ids == token).nonzero()
         return float(self.probs[hit[0, 0]]) if len(hit) else 0.0
 
     @staticmethod
+    def quantised(token_ids: torch.Tensor, counts: torch.Tensor) -> SparseQ:
+        return SparseQ(token_ids, counts.double() / Q_TOTAL, counts)
+
+    @staticmethod
     def one_hot(token: int) -> SparseQ:
-        return SparseQ(torch.tensor([token]), torch.tensor([1.0]))
+        return SparseQ.quantised(torch.tensor([token]), torch.tensor([Q_TOTAL]))
 
 
 @dataclass(frozen=True)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import torch
+
 from specdec import contrastive
 from specdec.client.request import FORMULATIONS
-from specdec.errors import InvalidArgument
+from specdec.errors import InvalidArgument, require
 from specdec.runtime.cached_model import ServiceInfo
 from specdec.sampling import SamplingParams
 from specdec.v1 import common_pb2
@@ -32,11 +34,39 @@ def info_to_proto(info: ServiceInfo) -> common_pb2.ModelInfo:
 
 
 def dist_to_proto(q: SparseQ) -> common_pb2.SparseDist:
-    return common_pb2.SparseDist(token_ids=q.token_ids.tolist(), probs=q.probs.tolist())
+    """A quantised q (Quantize-Sample-Verify) in SparseDist's compact form: ids sorted
+    ascending and delta-coded, their counts in the same order."""
+    if q.counts is None:
+        raise ValueError("only a quantised q (sampling.quantise) goes on the wire")
+    order = torch.argsort(q.token_ids)
+    ids = q.token_ids[order]
+    deltas = torch.diff(ids, prepend=ids.new_zeros(1))
+    return common_pb2.SparseDist(id_deltas=deltas.tolist(), counts=q.counts[order].tolist())
 
 
-def dist_from_proto(msg: common_pb2.SparseDist) -> tuple[list[int], list[float]]:
-    return list(msg.token_ids), list(msg.probs)
+def dist_from_proto(msg: common_pb2.SparseDist, where: str = "dist") -> SparseQ:
+    """Either form of SparseDist as a SparseQ: the compact one with its counts (ids
+    ascending when the deltas after the first are >= 1), the float one as sent.
+    InvalidArgument, prefixed with `where`, when the fields do not pair up; whether the
+    values make a distribution is the target's to check (TargetEngine.validate)."""
+    if msg.id_deltas or msg.counts:
+        require(not msg.token_ids and not msg.probs,
+                f"{where}: send id_deltas and counts, or token_ids and probs, not both")
+        require(len(msg.id_deltas) == len(msg.counts),
+                f"{where}: id_deltas and counts must have the same, non-zero length "
+                f"(got {len(msg.id_deltas)} and {len(msg.counts)})")
+        ids = torch.tensor(msg.id_deltas, dtype=torch.long).cumsum(0)
+        return SparseQ.quantised(ids, torch.tensor(msg.counts, dtype=torch.long))
+    require(len(msg.token_ids) == len(msg.probs) and msg.token_ids,
+            f"{where}: token_ids and probs must have the same, non-zero length "
+            f"(got {len(msg.token_ids)} and {len(msg.probs)})")
+    return SparseQ(torch.tensor(msg.token_ids, dtype=torch.long),
+                   torch.tensor(msg.probs, dtype=torch.float32))
+
+
+def point_mass_dist(token: int) -> common_pb2.SparseDist:
+    """A q with all its mass on `token`, in the compact form (a model-free draft's)."""
+    return dist_to_proto(SparseQ.one_hot(token))
 
 
 _FORMULATIONS = {code: name for name, code in FORMULATIONS.items()}

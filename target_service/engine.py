@@ -13,13 +13,11 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import torch
-
 from specdec.contrastive import ContrastiveParams, Head, head
 from specdec.errors import Cancelled, require
 from specdec.runtime.batching import Pass
 from specdec.runtime.cached_model import CachedModel, ServiceInfo
-from specdec.sampling import SamplingParams, generator, process_logits
+from specdec.sampling import Q_TOTAL, SamplingParams, generator, process_logits
 from specdec.sync import SyncRequest
 from specdec.verify import SparseQ, TargetRound, greedy_round, target_round
 
@@ -27,8 +25,8 @@ from specdec.verify import SparseQ, TargetRound, greedy_round, target_round
 @dataclass
 class VerifyArgs(SyncRequest):
     num_draft: int = 0
-    # (token_ids, probs) per draft as received; empty when greedy.
-    draft_dists: list[tuple[list[int], list[float]]] = field(default_factory=list)
+    # q per draft as decoded (specdec.wire.dist_from_proto), unchecked; empty when greedy.
+    draft_dists: list[SparseQ] = field(default_factory=list)
     sampling: SamplingParams = field(default_factory=SamplingParams)
     round_seed: int = 0
     # Contrastive decoding: return V_head with the expert's values at the K+1 positions
@@ -52,18 +50,25 @@ class TargetEngine:
     def info(self) -> ServiceInfo:
         return self.model.info(self.max_draft_tokens)
 
-    def _check_dist(self, i: int, token: int, ids: list[int], probs: list[float]) -> SparseQ:
+    def _check_dist(self, i: int, token: int, q: SparseQ) -> SparseQ:
         where = f"draft_dists[{i}]"
-        require(len(ids) == len(probs) and ids,
-                f"{where}: token_ids and probs must have the same, non-zero length "
-                f"(got {len(ids)} and {len(probs)})")
-        self.model.check_tokens(ids, f"{where}.token_ids")
-        require(len(set(ids)) == len(ids), f"{where}: token_ids has duplicates")
-        require(all(math.isfinite(p) and p >= 0.0 for p in probs),
-                f"{where}: probs must be finite and >= 0")
-        total = math.fsum(probs)
-        require(abs(total - 1.0) < 1e-3, f"{where}: probs must sum to 1, got {total:.6f}")
-        q = SparseQ(torch.tensor(ids, dtype=torch.long), torch.tensor(probs, dtype=torch.float32))
+        if q.counts is not None:  # the compact form (Quantize-Sample-Verify)
+            ids = q.token_ids.tolist()
+            self.model.check_tokens(ids, f"{where}.id_deltas (decoded ids)")
+            require(bool((q.token_ids[1:] > q.token_ids[:-1]).all()),
+                    f"{where}: ids must be strictly ascending (id_deltas after the first "
+                    "must be >= 1)")
+            require(bool((q.counts >= 1).all()), f"{where}: counts must be >= 1")
+            total = int(q.counts.sum())
+            require(total == Q_TOTAL, f"{where}: counts must sum to {Q_TOTAL}, got {total}")
+        else:  # the float form
+            ids, probs = q.token_ids.tolist(), q.probs.tolist()
+            self.model.check_tokens(ids, f"{where}.token_ids")
+            require(len(set(ids)) == len(ids), f"{where}: token_ids has duplicates")
+            require(all(math.isfinite(p) and p >= 0.0 for p in probs),
+                    f"{where}: probs must be finite and >= 0")
+            total = math.fsum(probs)
+            require(abs(total - 1.0) < 1e-3, f"{where}: probs must sum to 1, got {total:.6f}")
         require(q.prob_of(token) > 0.0,
                 f"{where} gives probability 0 to its own draft token {token}; "
                 "send the distribution the token was sampled from")
@@ -94,7 +99,7 @@ class TargetEngine:
         require(len(args.draft_dists) == k,
                 f"need one draft_dist per draft: num_draft = {k}, got {len(args.draft_dists)}")
         pairs = zip(drafts, args.draft_dists, strict=True)
-        return [self._check_dist(i, x, *d) for i, (x, d) in enumerate(pairs)]
+        return [self._check_dist(i, x, q) for i, (x, q) in enumerate(pairs)]
 
     def verify(self, args: VerifyArgs, busy_wait_s: float = 0.0,
                cancelled: Callable[[], bool] | None = None) -> VerifyResult:

@@ -22,7 +22,8 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
             session_id=request.session_id, keep_len=request.keep_len,
             keep_digest=request.keep_digest, new_tokens=list(request.new_tokens),
             num_draft=request.num_draft,
-            draft_dists=[wire.dist_from_proto(d) for d in request.draft_dists],
+            draft_dists=[wire.dist_from_proto(d, f"draft_dists[{i}]")
+                         for i, d in enumerate(request.draft_dists)],
             sampling=wire.sampling_from_proto(request.sampling), round_seed=request.round_seed,
             contrastive=wire.contrastive_from_proto(request.contrastive)
             if request.HasField("contrastive") else None,

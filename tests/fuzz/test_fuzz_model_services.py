@@ -22,7 +22,8 @@ import pytest
 from hypothesis import event, example, given
 from hypothesis import strategies as st
 
-from specdec import digest
+from specdec import digest, wire
+from specdec.sampling import Q_TOTAL
 from specdec.v1 import common_pb2, draft_pb2, target_pb2
 from tests.fuzz._fuzz_stack import (
     CLIENT_ERRORS,
@@ -63,11 +64,25 @@ SAMPLING = st.builds(common_pb2.SamplingParams, temperature=FLOATS,
                      top_k=ints(st.integers(0, 100)), top_p=FLOATS, seed=UINT64)
 
 
+UINT32 = st.one_of(st.sampled_from([0, 1, 2, VOCAB - 1, VOCAB, Q_TOTAL - 1, Q_TOTAL,
+                                     Q_TOTAL + 1, 2**31, 2**32 - 1]),
+                   st.integers(0, 2**32 - 1))
+
+
 def dists(draws: int) -> st.SearchStrategy:
-    one = st.builds(common_pb2.SparseDist,
+    """Either form of SparseDist (float: token_ids + probs; compact: id_deltas + counts),
+    sometimes both at once."""
+    old = st.builds(common_pb2.SparseDist,
                     token_ids=st.lists(ints(st.integers(0, VOCAB - 1)), max_size=8),
                     probs=st.lists(FLOATS, max_size=8))
-    return st.lists(one, max_size=draws)
+    compact = st.builds(common_pb2.SparseDist,
+                        id_deltas=st.lists(st.one_of(st.integers(0, 40), UINT32), max_size=8),
+                        counts=st.lists(st.one_of(st.integers(1, Q_TOTAL), UINT32),
+                                        max_size=8))
+    both = st.builds(common_pb2.SparseDist, token_ids=st.lists(INT32, max_size=2),
+                     probs=st.lists(FLOATS, max_size=2), id_deltas=st.lists(UINT32, max_size=2),
+                     counts=st.lists(UINT32, max_size=2))
+    return st.lists(st.one_of(old, compact, both), max_size=draws)
 
 
 def assert_client_error(err: grpc.RpcError) -> None:
@@ -156,9 +171,11 @@ PROPOSE = sync_request(
     "draft",
     valid={"new_tokens": VALID_TOKENS, "num_tokens": st.integers(1, 16),
            "sampling": VALID_SAMPLING, "top_n": st.integers(0, 64),
-           "exit_below": st.one_of(st.just(0.0), st.floats(0.0, 1.0, width=32))},
+           "exit_below": st.one_of(st.just(0.0), st.floats(0.0, 1.0, width=32)),
+           "top_mass": st.one_of(st.just(0.0), st.floats(0.0, 1.0, width=32))},
     wild={"new_tokens": TOKENS, "num_tokens": ints(st.integers(1, 16)),
-          "sampling": SAMPLING, "top_n": ints(st.integers(0, 64)), "exit_below": FLOATS})
+          "sampling": SAMPLING, "top_n": ints(st.integers(0, 64)), "exit_below": FLOATS,
+          "top_mass": FLOATS})
 
 
 def check_propose(req: draft_pb2.ProposeRequest, resp: draft_pb2.ProposeResponse) -> None:
@@ -171,17 +188,19 @@ def check_propose(req: draft_pb2.ProposeRequest, resp: draft_pb2.ProposeResponse
     else:
         assert len(resp.dists) == len(resp.tokens)
         for tok, d in zip(resp.tokens, resp.dists, strict=True):
-            assert len(d.token_ids) == len(d.probs) >= 1
-            assert tok in d.token_ids
-            assert all(0 <= t < VOCAB for t in d.token_ids)
-            assert all(math.isfinite(p) and p >= 0 for p in d.probs)
-            assert abs(math.fsum(d.probs) - 1.0) < 1e-3
+            assert not d.token_ids and not d.probs  # the compact form only
+            assert len(d.id_deltas) == len(d.counts) >= 1
+            q = wire.dist_from_proto(d)
+            assert q.prob_of(tok) > 0
+            assert all(0 <= t < VOCAB for t in q.token_ids.tolist())
+            assert bool((q.token_ids[1:] > q.token_ids[:-1]).all())
+            assert min(d.counts) >= 1 and sum(d.counts) == Q_TOTAL
 
 
 def propose_case(prefix=None, **values):
     base = {"session_id": "s", "keep_len": 0, "keep_digest": 0, "new_tokens": [1],
             "num_tokens": 1, "sampling": common_pb2.SamplingParams(), "top_n": 0,
-            "exit_below": 0.0}
+            "exit_below": 0.0, "top_mass": 0.0}
     return {**base, **values}, prefix
 
 
@@ -204,10 +223,11 @@ def test_propose_fuzz(fuzz_services, case):
 
 
 def valid_dists_for(new_tokens: list[int], num_draft: int) -> list[common_pb2.SparseDist]:
-    """Well-formed q's, each giving its draft token mass, for a sampled Verify."""
+    """Well-formed q's, each giving its draft token mass, for a sampled Verify: the
+    compact form (what drafts send) and the float form (older drafts) in turn."""
     drafts = new_tokens[len(new_tokens) - num_draft:] if num_draft > 0 else []
     return [common_pb2.SparseDist(token_ids=[t, (t + 1) % VOCAB], probs=[0.75, 0.25])
-            for t in drafts]
+            if i % 2 else wire.point_mass_dist(t) for i, t in enumerate(drafts)]
 
 
 VERIFY = sync_request(

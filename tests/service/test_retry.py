@@ -20,8 +20,7 @@ def test_propose_retry_same_answer_and_state(draft_stub):
     a = draft_stub.Propose(req)
     b = draft_stub.Propose(req)  # e.g. the first reply was lost
     assert list(a.tokens) == list(b.tokens)
-    assert [list(d.token_ids) for d in a.dists] == [list(d.token_ids) for d in b.dists]
-    assert [list(d.probs) for d in a.dists] == [list(d.probs) for d in b.dists]
+    assert len(a.dists) == 4 and list(a.dists) == list(b.dists)  # the same ids and counts
     assert a.cached_len == b.cached_len == len(committed) + 3
 
 

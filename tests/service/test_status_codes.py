@@ -10,6 +10,7 @@ import pytest
 from draft_service.__main__ import create as create_draft
 from draft_service.config import DraftConfig
 from specdec import digest
+from specdec.sampling import Q_TOTAL
 from specdec.v1 import common_pb2, draft_pb2_grpc, target_pb2_grpc
 from target_service.__main__ import create as create_target
 from target_service.config import TargetConfig
@@ -134,6 +135,10 @@ def dist(ids, probs):
     return common_pb2.SparseDist(token_ids=ids, probs=probs)
 
 
+def compact(id_deltas, counts):
+    return common_pb2.SparseDist(id_deltas=id_deltas, counts=counts)
+
+
 BAD_DISTS = [
     ([dist([7, 8], [0.5])], "same, non-zero length"),
     ([dist([], [])], "same, non-zero length"),
@@ -146,6 +151,17 @@ BAD_DISTS = [
     ([dist([8, 9], [0.5, 0.5])], "probability 0 to its own draft token"),
     ([], "one draft_dist per draft"),
     ([dist([7], [1.0]), dist([7], [1.0])], "one draft_dist per draft"),
+    # the compact form (Quantize-Sample-Verify): ids delta-coded, counts sum to Q_TOTAL
+    ([compact([7, 1], [Q_TOTAL - 1])], "id_deltas and counts must have the same"),
+    ([compact([], [Q_TOTAL])], "id_deltas and counts must have the same"),
+    ([compact([7, 0], [Q_TOTAL - 1, 1])], "strictly ascending"),
+    ([compact([7, VOCAB - 7], [Q_TOTAL - 1, 1])], "outside the vocabulary"),
+    ([compact([6, 1], [Q_TOTAL, 0])], "counts must be >= 1"),
+    ([compact([6, 1], [Q_TOTAL - 2, 1])], f"counts must sum to {Q_TOTAL}, got"),
+    ([compact([6, 1], [Q_TOTAL, 1])], f"counts must sum to {Q_TOTAL}, got"),
+    ([compact([8, 1], [Q_TOTAL - 1, 1])], "probability 0 to its own draft token"),
+    ([common_pb2.SparseDist(id_deltas=[7], counts=[Q_TOTAL], token_ids=[7], probs=[1.0])],
+     "not both"),
 ]
 
 
@@ -153,6 +169,14 @@ BAD_DISTS = [
 def test_bad_draft_dists(dists, fragment, target_stub):
     req = verify_req(sid(), [1, 2, 7], num_draft=1, dists=dists, sampling=SAMPLED)
     assert_status(lambda: target_stub.Verify(req), grpc.StatusCode.INVALID_ARGUMENT, fragment)
+
+
+@pytest.mark.parametrize("dists", [[compact([7], [Q_TOTAL])], [compact([0, 7], [9, Q_TOTAL - 9])],
+                                   [dist([7, 8], [0.75, 0.25])]],
+                         ids=["compact one token", "compact id 0", "float form"])
+def test_good_draft_dists(dists, target_stub):
+    req = verify_req(sid(), [1, 2, 7], num_draft=1, dists=dists, sampling=SAMPLED)
+    assert len(target_stub.Verify(req).target_probs) == 1
 
 
 def test_greedy_verify_refuses_dists(target_stub):
