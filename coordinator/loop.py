@@ -320,6 +320,8 @@ class Generation:
             if pipelining and guess is not None and n + 2 < remaining:
                 self.predrafts.start(self.committed, committed + drafts.tokens + [guess], k,
                                      self.exit_below)
+            else:
+                guess = None
         drafts = proposal.tokens if proposal is not None else []
         t0 = time.perf_counter()
         result = self.target.verify(self.committed, drafts,
@@ -331,6 +333,9 @@ class Generation:
         else:
             q = [proposal.draft_prob(i) for i in range(len(drafts))]
             decision = decide(drafts, q, result, u[:len(drafts)])
+            if proposal is not None and guess is not None:  # why the pre-draft may miss
+                self.record.outcome(decision.num_accepted < len(drafts),
+                                    decision.tokens[-1] != guess)
             if self.exit is not None:
                 self.exit.observe(len(drafts), decision.num_accepted)
         return RoundResult(decision, len(drafts), verify_s, propose_s, proposed, exited_early,

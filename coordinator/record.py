@@ -42,6 +42,11 @@ class LoopStats:
     # model covers it while the target verifies the look-up's drafts): started, used.
     lookup_miss_predrafts: int = 0
     lookup_miss_hits: int = 0
+    # Rounds that started an all-accepted pre-draft, by outcome: a draft rejected, or all
+    # accepted and the bonus not the draft's guess (either way that pre-draft misses).
+    guess_rounds: int = 0
+    guess_rejections: int = 0
+    guess_bonus_misses: int = 0
 
     @property
     def mean_head_size(self) -> float:
@@ -130,6 +135,12 @@ class Recorder:
     def target_repin(self) -> None:
         self.stats.target_repins += 1
         self.metrics.target_repin()
+
+    def outcome(self, rejected: bool, other_bonus: bool) -> None:
+        """A round that started an all-accepted pre-draft: how it ended."""
+        self.stats.guess_rounds += 1
+        self.stats.guess_rejections += rejected
+        self.stats.guess_bonus_misses += (not rejected) and other_bonus
 
     def predraft_started(self, branch: str = "all-accepted") -> None:
         self.stats.predrafts_started += 1

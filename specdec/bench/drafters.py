@@ -66,7 +66,8 @@ def summarise(samples, names: dict[str, str], prompt_names: dict[str, str]) -> l
             total = {f: sum(getattr(st, f) for st in stats) for f in (
                 "rounds", "drafted_tokens", "accepted_tokens", "lookup_rounds",
                 "lookup_drafted_tokens", "lookup_accepted_tokens", "pipelined_rounds",
-                "predrafts_wasted", "lookup_miss_predrafts", "lookup_miss_hits")}
+                "predrafts_wasted", "lookup_miss_predrafts", "lookup_miss_hits",
+                "guess_rounds", "guess_rejections", "guess_bonus_misses")}
             model_drafted = total["drafted_tokens"] - total["lookup_drafted_tokens"]
             model_accepted = total["accepted_tokens"] - total["lookup_accepted_tokens"]
             main_started = total["pipelined_rounds"] + total["predrafts_wasted"] - \
@@ -80,6 +81,9 @@ def summarise(samples, names: dict[str, str], prompt_names: dict[str, str]) -> l
                 total["pipelined_rounds"] - total["lookup_miss_hits"], main_started)
             row["lookup_miss_hit_rate"] = _rate(total["lookup_miss_hits"],
                                                 total["lookup_miss_predrafts"])
+            row["guess_rejected"] = _rate(total["guess_rejections"], total["guess_rounds"])
+            row["guess_other_bonus"] = _rate(total["guess_bonus_misses"],
+                                             total["guess_rounds"])
             row["bytes_per_round"] = sum(s.wire_bytes for s in mine) / max(
                 1, sum(s.rounds for s in mine))
         rows.append(row)
@@ -109,8 +113,9 @@ def markdown(rows, peer_rows, meta) -> str:
            f"- **Speedup:** {harness.SPEEDUP_DEFINITION}", "",
            "| scenario | tok/s | speedup, all prompts | extraction + summarisation | "
            "+ code | look-up rounds | look-up acceptance | model acceptance | "
-           "all-accepted pre-draft hits | look-up-miss pre-draft hits | bytes/round |",
-           "|---|---|---|---|---|---|---|---|---|---|---|"]
+           "all-accepted pre-draft hits | its rounds: a rejection / another bonus | "
+           "look-up-miss pre-draft hits | bytes/round |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         out.append(
             f"| {r['scenario']} | {_fmt(r['tok_s'], '.1f')} | {_fmt(r['speedup'], '.2f', 'x')}"
@@ -118,7 +123,8 @@ def markdown(rows, peer_rows, meta) -> str:
             f"{_fmt(r['speedup_copy_code'], '.2f', 'x')} | "
             f"{_fmt(r.get('lookup_round_share'), '.0%')} | "
             f"{_fmt(r.get('lookup_acceptance'))} | {_fmt(r.get('model_acceptance'))} | "
-            f"{_fmt(r.get('all_accepted_hit_rate'))} | {_fmt(r.get('lookup_miss_hit_rate'))}"
+            f"{_fmt(r.get('all_accepted_hit_rate'))} | {_fmt(r.get('guess_rejected'))} / "
+            f"{_fmt(r.get('guess_other_bonus'))} | {_fmt(r.get('lookup_miss_hit_rate'))}"
             f" | {_fmt(r.get('bytes_per_round'), '.0f')} |")
     names = list(rows[0]["per_prompt"]) if rows else []
     out += ["", "Speedup per prompt (median over repeats):", "",

@@ -68,6 +68,13 @@ def test_greedy_lookup_equals_target_only(draft_client, target_client, mode):
         covered += stats.lookup_miss_predrafts
         hits += stats.lookup_miss_hits
         assert stats.pipelined_rounds + stats.predrafts_wasted == stats.predrafts_started
+        # Every pre-draft covers one branch: the prefill's (round 1), all-accepted (a
+        # model round's guess) or a look-up's miss; an all-accepted one can only be used
+        # when its round rejected nothing and the bonus was the guess.
+        prefill = stats.predrafts_started - stats.guess_rounds - stats.lookup_miss_predrafts
+        assert prefill in (0, 1)
+        assert stats.pipelined_rounds - stats.lookup_miss_hits - prefill <= \
+            stats.guess_rounds - stats.guess_rejections - stats.guess_bonus_misses
         assert 0 <= stats.lookup_accepted_tokens <= stats.lookup_drafted_tokens
         assert stats.lookup_drafted_tokens <= stats.drafted_tokens
     assert lookup_rounds > 0 and accepted > 0  # the look-up drafted, and was right
