@@ -165,6 +165,7 @@ def stack_config(args: argparse.Namespace):
     return StackConfig(pair=pair, k=args.k_default, port=args.port, http_port=args.http_port,
                        draft_port=args.draft_port, target_port=args.target_port,
                        pin=not args.no_pin, no_draft=args.no_draft,
+                       drafter=args.drafter, lookup_cache=args.lookup_cache,
                        pipeline=not args.no_pipeline, tls_dir=tls_dir(args))
 
 
@@ -207,7 +208,17 @@ def add_stack_flags(p: argparse.ArgumentParser) -> None:
                    help="do not pin the draft and the target to separate CPUs (pinned: the "
                         "draft on the first CPU this process may use, the target on the "
                         "second, when there are two)")
-    p.add_argument("--no-draft", action="store_true", help="start no draft (target only)")
+    p.add_argument("--no-draft", action="store_true",
+                   help="start no draft service: the coordinator then drafts by look-up "
+                        "alone (model-free), or decodes target-only with --drafter model")
+    p.add_argument("--drafter", default=d.drafter, choices=["model", "lookup", "hybrid"],
+                   help="who drafts each round: the draft service (model), a model-free "
+                        "look-up in the prompt and the text so far (lookup), or per round "
+                        "whichever is expected to give more tokens/s (hybrid) "
+                        "(default: %(default)s)")
+    p.add_argument("--lookup-cache", type=int, default=d.lookup_cache, metavar="N",
+                   help="the look-up also drafts from each tenant's N most recent outputs; "
+                        "0 = off (default: %(default)s)")
     p.add_argument("--k", dest="k_default", type=int, default=d.k,
                    help="draft tokens per round (default: %(default)s)")
     p.add_argument("--port", type=int, default=d.port,

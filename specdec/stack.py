@@ -31,6 +31,8 @@ class StackConfig:
     pin: bool = True  # specdec.pair.placement(): draft on the first CPU, target on the second
     pipeline: bool = DEFAULT_POLICY.pipeline
     no_draft: bool = False
+    drafter: str = DEFAULT_POLICY.drafter  # model | lookup | hybrid (coordinator.hybrid)
+    lookup_cache: int = DEFAULT_POLICY.lookup_cache  # recent outputs per tenant; 0 = off
     tls_dir: str = ""  # "" = plaintext; else dev certificates here and TLS on every hop
 
 
@@ -99,6 +101,7 @@ def start(cfg: StackConfig, stack: ExitStack, echo: bool = False) -> Stack:
     coord_args = ["--target", running.target.address, "--port", str(cfg.port),
                   "--http-port", str(cfg.http_port),
                   "--k", str(cfg.k), "--pipeline" if cfg.pipeline else "--no-pipeline",
+                  "--drafter", cfg.drafter, "--lookup-cache", str(cfg.lookup_cache),
                   *coord_tls]
     if running.draft:
         coord_args += ["--draft", running.draft.address]
