@@ -224,10 +224,12 @@ def test_propose_fuzz(fuzz_services, case):
 
 def valid_dists_for(new_tokens: list[int], num_draft: int) -> list[common_pb2.SparseDist]:
     """Well-formed q's, each giving its draft token mass, for a sampled Verify: the
-    compact form (what drafts send) and the float form (older drafts) in turn."""
+    compact form (what drafts send) and the float form (older drafts) in turn; the float
+    form for a mutated negative token, which the compact one cannot hold."""
     drafts = new_tokens[len(new_tokens) - num_draft:] if num_draft > 0 else []
-    return [common_pb2.SparseDist(token_ids=[t, (t + 1) % VOCAB], probs=[0.75, 0.25])
-            if i % 2 else wire.point_mass_dist(t) for i, t in enumerate(drafts)]
+    return [wire.point_mass_dist(t) if i % 2 == 0 and t >= 0 else
+            common_pb2.SparseDist(token_ids=[t, (t + 1) % VOCAB], probs=[0.75, 0.25])
+            for i, t in enumerate(drafts)]
 
 
 VERIFY = sync_request(
