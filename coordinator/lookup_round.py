@@ -11,7 +11,6 @@ one-hot). Greedy rounds send no distributions at all, as always.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
 
 import torch
 
@@ -22,11 +21,8 @@ from specdec import wire
 from specdec.sampling import generator
 from specdec.verify import decide
 
-if TYPE_CHECKING:
-    from coordinator.loop import Generation
 
-
-def uniforms(gen: Generation, u: list[float], n: int) -> list[float]:
+def uniforms(gen, u: list[float], n: int) -> list[float]:
     """n uniforms for this round: the K the round drew from the generation's stream, then
     (a look-up may draft more than K) from a stream of the round's own, so that the
     generation's stream still advances by exactly K per round whatever drafts a round."""
@@ -36,11 +32,12 @@ def uniforms(gen: Generation, u: list[float], n: int) -> list[float]:
     return u + torch.rand(n - len(u), generator=extra, dtype=torch.float64).tolist()
 
 
-def lookup_round(gen: Generation, found: Lookup, round_seed: int, u: list[float],
+def lookup_round(gen, found: Lookup, round_seed: int, u: list[float],
                  covered: bool = False) -> RoundResult:
-    """`covered`: a pre-draft of the branch where the first draft is rejected is in
-    flight (Generation._cover_lookup_miss); it is called off once the round emitted more
-    than one token, which that branch did not assume."""
+    """One look-up round of `gen` (a coordinator.loop.Generation). `covered`: a pre-draft
+    of the branch where the first draft is rejected is in flight
+    (Generation._cover_lookup_miss); it is called off once the round emitted more than
+    one token, which that branch did not assume."""
     drafts = list(found.tokens)
     dists = [] if gen.sampling.greedy else [wire.point_mass_dist(t) for t in drafts]
     t0 = time.perf_counter()

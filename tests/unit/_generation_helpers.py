@@ -40,9 +40,9 @@ class FakeLoop:
         self.draft = object()  # a draft is configured (None: target-only)
 
     def rounds(self, prompt_ids, max_new_tokens, sampling, k, eos_ids, stats,
-               load_aware=False, contrastive=None):
+               load_aware=False, contrastive=None, tenant=None):
         self.calls.append(dict(prompt_ids=list(prompt_ids), max_new_tokens=max_new_tokens,
-                               sampling=sampling, k=k, eos_ids=list(eos_ids)))
+                               sampling=sampling, k=k, eos_ids=list(eos_ids), tenant=tenant))
         assert isinstance(stats, LoopStats)
         self.started += 1
         try:
