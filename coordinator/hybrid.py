@@ -16,8 +16,9 @@ The drafter modes (`--drafter`):
 How many of a look-up's tokens to send: each draft verified costs the target a little
 (`verify_cost` of a one-token step, about 0.15 for SmolLM2 on one CPU core), and a draft
 is accepted with a per-token probability `a` that depends on how long a context suffix
-matched. `a` is learnt per generation and match length (accepted drafts over accepted
-drafts plus rejections, the geometric model of Leviathan et al. 2023, from a prior), and
+matched and whether that suffix was always followed by the same token. `a` is learnt per
+generation and such bucket (accepted drafts over accepted drafts plus rejections, the
+geometric model of Leviathan et al. 2023, from a prior), and
 the look-up sends the n tokens that maximise (1 + a + ... + a^n) / (1 + verify_cost * n),
 the expected tokens per round over its cost; n = 0 (a weak match in chat text) means the
 look-up sits the round out.
@@ -45,7 +46,7 @@ from coordinator.lookup import (
 )
 
 DRAFTERS = ("model", "lookup", "hybrid")
-MODEL, LOOKUP = "model", "lookup"
+MODEL, LOOKUP, HYBRID = DRAFTERS
 _DECAY = 0.3  # weight of the newest observation in the moving averages
 
 
@@ -69,29 +70,39 @@ class _Average:
         self.value = x if self.value is None else (1 - _DECAY) * self.value + _DECAY * x
 
 
-# Prior per-token acceptance of look-up drafts by match length (1, 2, 3, 4+): as one
-# accepted and one rejected draft's worth of evidence around these rates.
-PRIOR = (0.2, 0.4, 0.6, 0.75)
+# Prior per-token acceptance of look-up drafts by match length (1, 2, 3, 4+), when the
+# matched suffix had one continuation (`UNIQUE`) and when it had several: as two drafts'
+# worth of evidence around these rates.
+PRIOR = (0.3, 0.5, 0.65, 0.8)
+PRIOR_SEVERAL = (0.1, 0.25, 0.4, 0.55)
 PRIOR_WEIGHT = 2.0
+UNIQUE = 0.99  # a first draft this likely (empirically) had one continuation
+# A look-up round in place of a model round whose drafts are ready breaks the pipeline's
+# chain (the next round's model drafts are not pre-drafted): it must promise this many
+# more accepted drafts.
+CHAIN_MARGIN = 1.0
 
 
 class Acceptance:
-    """Per-token acceptance of look-up drafts, by match length (geometric model)."""
+    """Per-token acceptance of look-up drafts, by match length and whether the match had
+    one continuation (geometric model)."""
 
     def __init__(self) -> None:
-        self.accepted = [PRIOR_WEIGHT * a for a in PRIOR]
-        self.trials = [PRIOR_WEIGHT] * len(PRIOR)
+        priors = PRIOR + PRIOR_SEVERAL
+        self.accepted = [PRIOR_WEIGHT * a for a in priors]
+        self.trials = [PRIOR_WEIGHT] * len(priors)
 
     @staticmethod
-    def bucket(match_len: int) -> int:
-        return min(max(match_len, 1), len(PRIOR)) - 1
+    def bucket(match_len: int, unique: bool = True) -> int:
+        return min(max(match_len, 1), len(PRIOR)) - 1 + (0 if unique else len(PRIOR))
 
-    def rate(self, match_len: int) -> float:
-        b = self.bucket(match_len)
+    def rate(self, match_len: int, unique: bool = True) -> float:
+        b = self.bucket(match_len, unique)
         return self.accepted[b] / self.trials[b]
 
-    def observe(self, match_len: int, drafted: int, accepted: int) -> None:
-        b = self.bucket(match_len)
+    def observe(self, match_len: int, drafted: int, accepted: int,
+                unique: bool = True) -> None:
+        b = self.bucket(match_len, unique)
         self.accepted[b] += accepted
         self.trials[b] += accepted + (1 if accepted < drafted else 0)
 
@@ -126,8 +137,10 @@ class Drafters:
             self.trie.extend(prompt)
         self.output: list[int] = []
         self.accepted = {MODEL: _Average(), LOOKUP: _Average()}
+        # round seconds: look-up rounds, and model rounds that had to Propose first
         self.seconds = {MODEL: _Average(), LOOKUP: _Average()}
         self.acceptance = Acceptance()
+        self.last = NO_LOOKUP  # the latest proposal (what a look-up round drafted)
 
     @property
     def uses_lookup(self) -> bool:
@@ -148,42 +161,48 @@ class Drafters:
         if self.cache is not None:
             found = better(found, self.cache.draft(self.tenant, context, n, s.max_match,
                                                    s.min_prob))
+        self.last = NO_LOOKUP
         if not found:
             return NO_LOOKUP
-        n, expected = best_length(self.acceptance.rate(found.match_len), len(found.tokens),
-                                  s.verify_cost)
-        return Lookup(found.tokens[:n], found.match_len, expected) if n else NO_LOOKUP
+        rate = self.acceptance.rate(found.match_len, found.first_prob >= UNIQUE)
+        n, expected = best_length(rate, len(found.tokens), s.verify_cost)
+        if n:
+            self.last = Lookup(found.tokens[:n], found.match_len, expected, found.first_prob)
+        return self.last
 
     def choose(self, found: Lookup, model_drafts_ready: bool) -> str:
         """LOOKUP or MODEL for this round. `model_drafts_ready`: a pre-draft already
-        holds the draft model's proposal (it then costs no more than a look-up)."""
+        holds the draft model's proposal: it costs no more than a look-up, and using it
+        keeps the pipeline's chain going, so the look-up must promise CHAIN_MARGIN more
+        accepted drafts. Otherwise the model's round must Propose first, and the two
+        compare expected tokens per second; a match of `min_match` tokens decides while
+        either side's round time is unknown."""
         if not found:
             return MODEL
-        if self.mode == LOOKUP:
-            return LOOKUP
-        if self.mode == MODEL:
-            return MODEL
-        if found.match_len >= self.settings.min_match:
-            return LOOKUP
+        if self.mode != HYBRID:
+            return self.mode
         model_acc = self.accepted[MODEL].value
-        if model_acc is None:
-            return MODEL
-        lookup_acc = found.expected
         if model_drafts_ready:
-            return LOOKUP if lookup_acc > model_acc else MODEL
+            return LOOKUP if model_acc is not None and \
+                found.expected > model_acc + CHAIN_MARGIN else MODEL
         t_l, t_m = self.seconds[LOOKUP].value, self.seconds[MODEL].value
-        if t_l is None or t_m is None:
-            return LOOKUP if lookup_acc > model_acc else MODEL
-        return LOOKUP if (1 + lookup_acc) / t_l > (1 + model_acc) / t_m else MODEL
+        if model_acc is None or t_l is None or t_m is None:
+            return LOOKUP if found.match_len >= self.settings.min_match else MODEL
+        return LOOKUP if (1 + found.expected) / t_l > (1 + model_acc) / t_m else MODEL
 
     def observe(self, source: str, drafted: int, accepted: int, seconds: float,
-                match_len: int = 0) -> None:
-        """A round of `source` accepted `accepted` of its `drafted` drafts in `seconds`
-        (a look-up's: after a context match of `match_len` tokens)."""
+                proposed: bool = True) -> None:
+        """A round of `source` accepted `accepted` of its `drafted` drafts in `seconds`.
+        `proposed`: a model round that had to Propose (not pre-drafted) - the round the
+        look-up competes with when no pre-draft is ready."""
         self.accepted[source].add(accepted)
-        self.seconds[source].add(seconds)
         if source == LOOKUP:
-            self.acceptance.observe(match_len, drafted, accepted)
+            self.seconds[LOOKUP].add(seconds)
+            last = self.last
+            self.acceptance.observe(last.match_len, drafted, accepted,
+                                    last.first_prob >= UNIQUE)
+        elif proposed:
+            self.seconds[MODEL].add(seconds)
 
     def committed(self, tokens: Sequence[int]) -> None:
         if self.trie is not None:

@@ -49,6 +49,7 @@ class Lookup:
     tokens: list[int]
     match_len: int
     expected: float
+    first_prob: float = 1.0  # the first draft's empirical probability (1: one continuation)
 
     def __bool__(self) -> bool:
         return bool(self.tokens)
@@ -127,16 +128,18 @@ class SuffixTrie:
         if node is None or max_tokens <= 0:
             return NO_LOOKUP
         tokens: list[int] = []
-        prob, expected = 1.0, 0.0
+        prob, expected, first = 1.0, 0.0, 1.0
         while node.children and len(tokens) < min(max_tokens, self.depth - m):
             total = sum(c.count for c in node.children.values())
             token, child = max(node.children.items(), key=lambda kv: kv[1].count)
             p = prob * child.count / total
             if tokens and p < min_prob:
                 break
+            if not tokens:
+                first = p
             tokens.append(token)
             prob, expected, node = p, expected + p, child
-        return Lookup(tokens, m, expected)
+        return Lookup(tokens, m, expected, first)
 
 
 def _size(node: _Node) -> int:

@@ -49,4 +49,4 @@ def lookup_round(gen, found: Lookup, round_seed: int, u: list[float],
     return RoundResult(decision, len(drafts), verify_s,
                        target_pass=(result.pass_sessions, result.pass_tokens,
                                     result.pass_seconds),
-                       source=LOOKUP, match_len=found.match_len)
+                       source=LOOKUP)

@@ -159,7 +159,7 @@ class SpeculativeLoop:
                 if gen.drafters is not None and result.k:
                     gen.drafters.observe(result.source, result.k,
                                          result.decision.num_accepted, seconds,
-                                         result.match_len)
+                                         proposed=result.propose_s is not None)
                 # Every speculative generation's model-drafted rounds teach it (contrastive
                 # ones accept against another distribution; K's controllers learn the
                 # draft model, not the look-up).

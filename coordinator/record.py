@@ -68,7 +68,6 @@ class RoundResult:
     draft_step_s: float = 0.0  # the draft's mean pass duration for these drafts (0 = unknown)
     predraft_wait_s: float = 0.0  # waited for the pre-draft that supplied the drafts
     source: str = "model"  # the drafter that supplied the drafts: "model" | "lookup"
-    match_len: int = 0  # a look-up's: how long a context suffix it continued
 
     @property
     def rejected(self) -> bool:

@@ -11,6 +11,7 @@ from coordinator.hybrid import (
     LOOKUP,
     MODEL,
     PRIOR,
+    PRIOR_SEVERAL,
     Acceptance,
     Drafters,
     LookupSettings,
@@ -93,7 +94,7 @@ def test_draft_prefers_the_more_specific_match_and_the_frequent_continuation():
     assert found.tokens == [2] and found.match_len == 2
     found = trie.draft([9, 7], max_tokens=1)  # only "7" matches: its most frequent
     assert found.tokens == [1] and found.match_len == 1
-    assert found.expected == pytest.approx(2 / 4)
+    assert found.expected == pytest.approx(2 / 4) and found.first_prob == pytest.approx(0.5)
 
 
 def test_draft_stops_when_the_path_becomes_unlikely():
@@ -164,9 +165,11 @@ def test_best_length_weighs_expected_tokens_against_the_verify_cost():
 def test_acceptance_learns_per_match_length():
     acc = Acceptance()
     assert acc.rate(1) == pytest.approx(PRIOR[0]) and acc.rate(9) == pytest.approx(PRIOR[-1])
+    assert acc.rate(2, unique=False) == pytest.approx(PRIOR_SEVERAL[1])
     for _ in range(20):
         acc.observe(2, 4, 4)  # every draft accepted
     assert acc.rate(2) > 0.95 and acc.rate(1) == pytest.approx(PRIOR[0])
+    assert acc.rate(2, unique=False) == pytest.approx(PRIOR_SEVERAL[1])  # its own bucket
     for _ in range(20):
         acc.observe(1, 3, 0)  # rejected at once
     assert acc.rate(1) < 0.05
@@ -185,12 +188,12 @@ def test_the_lookup_sends_fewer_tokens_for_weak_matches_and_learns():
     context = [10, 11, 12, 13, 14, 15, 77, 12, 13]
     d.committed([77, 12, 13])
     first = d.lookup(context, 4)
-    assert first.match_len == 2 and first.tokens == [14]  # a = 0.4: one draft pays
+    assert first.match_len == 2 and first.tokens == [14, 15]  # a = 0.5: two drafts pay
     for _ in range(10):
-        d.observe(LOOKUP, 1, 1, 0.05, match_len=2)
+        d.observe(LOOKUP, 1, 1, 0.05)  # (d.last: the match of 2 tokens)
     assert d.lookup(context, 4).tokens == [14, 15, 77, 12]  # learnt: all of them pay
     for _ in range(100):
-        d.observe(LOOKUP, 3, 0, 0.05, match_len=2)
+        d.observe(LOOKUP, 3, 0, 0.05)
     assert d.lookup(context, 4) == NO_LOOKUP  # learnt: none pays
 
 
@@ -206,26 +209,28 @@ def test_modes():
         drafters("both")
 
 
-def test_hybrid_uses_a_long_match_outright():
+def test_hybrid_uses_a_long_match_while_round_times_are_unknown():
     d = drafters(min_match=3)
-    assert d.choose(Lookup([1], 3, 0.1), True) == LOOKUP
+    assert d.choose(Lookup([1], 3, 0.1), False) == LOOKUP
     # a short match, and nothing known of the model yet: the model
     assert d.choose(Lookup([1, 2, 3], 2, 2.9), False) == MODEL
+    # the model's drafts are ready: it keeps the chain unless the look-up promises more
+    assert d.choose(Lookup([1], 3, 0.1), True) == MODEL
 
 
 def test_hybrid_compares_tokens_per_second_from_running_statistics():
     d = drafters(min_match=5)
     d.observe(MODEL, 4, 2, 0.100)
-    # model drafts already pre-drafted: compare expected accepted tokens
-    assert d.choose(Lookup([1, 2, 3, 4], 2, 3.0), True) == LOOKUP
-    assert d.choose(Lookup([1, 2, 3, 4], 2, 1.0), True) == MODEL
+    # model drafts already pre-drafted: the look-up must promise CHAIN_MARGIN more
+    assert d.choose(Lookup([1, 2, 3, 4], 2, 3.5), True) == LOOKUP
+    assert d.choose(Lookup([1, 2, 3, 4], 2, 2.5), True) == MODEL
     # tokens per second: the look-up's round is cheap, so a modest estimate wins
     d2 = drafters(min_match=5)
     d2.observe(MODEL, 4, 3, 0.120)  # (1 + 3) / 0.12 = 33 tokens/s
-    d2.observe(LOOKUP, 1, 1, 0.030, match_len=1)
+    d2.observe(LOOKUP, 1, 1, 0.030)
     assert d2.choose(Lookup([1], 1, 0.5), False) == LOOKUP  # 1.5 / 0.03 = 50 > 33
-    d2.observe(LOOKUP, 1, 0, 0.080, match_len=1)
-    d2.observe(LOOKUP, 1, 0, 0.080, match_len=1)
+    d2.observe(LOOKUP, 1, 0, 0.080)
+    d2.observe(LOOKUP, 1, 0, 0.080)
     assert d2.choose(Lookup([1], 1, 0.5), False) == MODEL
 
 
