@@ -162,14 +162,14 @@ class DraftClient(_ModelServiceClient):
                 top_n: int = 0, meter: WireBytes | None = None,
                 exit_below: float = 0.0, cancel: Cancel | None = None,
                 keep_logits: bool = False, min_p: float = 0.0,
-                guess_seed: int | None = None) -> Proposal:
+                guess_seed: int | None = None, guess_last: bool = False) -> Proposal:
         """Raises grpc.RpcError, or grpc.FutureCancelledError once `cancel` was called (the
         draft then stops at its next token; its cache keeps what it had fed)."""
         req = draft_pb2.ProposeRequest(
             session_id=sync.session_id, keep_len=sync.keep_len, keep_digest=sync.keep_digest,
             new_tokens=sync.new_tokens, num_tokens=num_tokens,
             sampling=wire.sampling_to_proto(sampling), top_n=top_n, exit_below=exit_below,
-            keep_logits=keep_logits, min_p=min_p, guess_seed=guess_seed,
+            keep_logits=keep_logits, min_p=min_p, guess_seed=guess_seed, guess_last=guess_last,
         )
         def cancellable(req):
             if cancel.requested:
@@ -205,14 +205,15 @@ class TargetClient(_ModelServiceClient):
     def verify(self, sync: SyncRequest, drafts: list[int],
                draft_dists: list[common_pb2.SparseDist], sampling: SamplingParams,
                round_seed: int, meter: WireBytes | None = None,
-               contrastive: ContrastiveParams | None = None,
+               contrastive: ContrastiveParams | None = None, bonus_seed: int | None = None,
                ) -> tuple[TargetRound | Heads, int]:
-        """A round (p_i(x_i), recovered, bonus), or with `contrastive` V_head per position."""
+        """A round (p_i(x_i), recovered, bonus), or with `contrastive` V_head per position.
+        `bonus_seed`: the bonus by coupled Gumbel-max (VerifyRequest.bonus_seed)."""
         req = target_pb2.VerifyRequest(
             session_id=sync.session_id, keep_len=sync.keep_len, keep_digest=sync.keep_digest,
             new_tokens=sync.new_tokens + drafts, num_draft=len(drafts),
             draft_dists=draft_dists, sampling=wire.sampling_to_proto(sampling),
-            round_seed=round_seed,
+            round_seed=round_seed, bonus_seed=bonus_seed,
         )
         if contrastive is not None:
             req.contrastive.CopyFrom(wire.contrastive_to_proto(contrastive))

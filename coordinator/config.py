@@ -43,6 +43,7 @@ class CoordinatorConfig:
     lookup_k: int = P.lookup_k
     lookup_min_match: int = P.lookup_min_match
     lookup_cache: int = P.lookup_cache
+    couple_bonus: bool = P.couple_bonus
     max_new_tokens_cap: int = 4096
     max_concurrency: int = 32
     rpc_deadline: float = 30.0
@@ -203,6 +204,11 @@ def parser() -> argparse.ArgumentParser:
                    help="the look-up also drafts from each tenant's N most recent outputs "
                         "(a tenant is an API key's name; one tenant without --api-keys); "
                         "tenants never see each other's; 0 = off (default: %(default)s)")
+    p.add_argument("--couple-bonus", action=on_off, default=P.couple_bonus,
+                   help="sampled pipelined rounds: the target draws the bonus and the draft "
+                        "its guess at it with the same Gumbel noise (still an exact draw "
+                        "from the target's distribution), so pre-drafts hold more often "
+                        "(default: %(default)s)")
     p.add_argument("--max-new-tokens-cap", type=int, default=4096,
                    help="largest max_new_tokens a request may ask for (default: %(default)s)")
     p.add_argument("--max-concurrency", type=int, default=32,

@@ -130,14 +130,16 @@ class DraftLink(Link):
 
     def propose(self, committed: TokenPrefix, k: int, sampling: SamplingParams, top_n: int,
                 exit_below: float, keep_logits: bool = False,
-                min_p: float = 0.0) -> Proposal | None:
-        """k tokens from the draft on top of the committed ids; None while it is failing."""
+                min_p: float = 0.0, guess_seed: int | None = None) -> Proposal | None:
+        """k tokens from the draft on top of the committed ids; None while it is failing.
+        `guess_seed`: the last token is a guess at the bonus, coupled with the target's
+        draw (ProposeRequest.guess_seed, guess_last)."""
         if not self.ready():
             return None
         try:
             proposal = self.call(committed, lambda client, sync: client.propose(
                 sync, k, sampling, top_n, self.meter, exit_below, keep_logits=keep_logits,
-                min_p=min_p))
+                min_p=min_p, guess_seed=guess_seed, guess_last=guess_seed is not None))
         except grpc.RpcError as e:
             self.failed(e)
             return None
@@ -203,7 +205,8 @@ class TargetLink(Link):
 
     def verify(self, committed: TokenPrefix, drafts: list[int], dists: list,
                sampling: SamplingParams, round_seed: int,
-               contrastive: ContrastiveParams | None = None) -> TargetRound | Heads:
+               contrastive: ContrastiveParams | None = None,
+               bonus_seed: int | None = None) -> TargetRound | Heads:
         """Verify on the pinned target; on failure re-pin and repeat (same round seed)."""
         if not self.router.is_live(self.replica):
             # Its pod is going away (e.g. a rollout): move now, while it still answers.
@@ -216,7 +219,8 @@ class TargetLink(Link):
         while True:
             try:
                 result, cached_len = self.call(committed, lambda client, sync: client.verify(
-                    sync, drafts, dists, sampling, round_seed, self.meter, contrastive))
+                    sync, drafts, dists, sampling, round_seed, self.meter, contrastive,
+                    bonus_seed))
                 self.router.mark_ok(self.replica)
                 self.view.served(committed.tokens + drafts, cached_len)
                 return result

@@ -36,7 +36,7 @@ def lookup_round(gen, found: Lookup, round_seed: int, u: list[float],
                  covered: bool = False) -> RoundResult:
     """One look-up round of `gen` (a coordinator.loop.Generation). `covered`: a pre-draft
     of the branch where the first draft is rejected is in flight
-    (Generation._cover_lookup_miss); it is called off once the round emitted more than
+    (cover_lookup_miss); it is called off once the round emitted more than
     one token, which that branch did not assume."""
     drafts = list(found.tokens)
     dists = [] if gen.sampling.greedy else [wire.point_mass_dist(t) for t in drafts]
@@ -50,3 +50,24 @@ def lookup_round(gen, found: Lookup, round_seed: int, u: list[float],
                        target_pass=(result.pass_sessions, result.pass_tokens,
                                     result.pass_seconds),
                        source=LOOKUP)
+
+
+def cover_lookup_miss(gen, committed: list[int], k: int, remaining: int, n: int) -> bool:
+    """Before a look-up round of n drafts: the draft model, idle while the target
+    verifies them, pre-drafts the branch where the first is rejected, from the committed
+    ids with its own first token standing in for the recovered one (lead=1). The look-up
+    covers the copy, the draft the rest. Not when this round may end the generation (as
+    for every pre-draft). True if started."""
+    pre = gen.predrafts
+    if pre is None:
+        return False
+    if pre.pending is not None and pre.pending.prefill and not pre.pending.future.done():
+        return False  # the prefill's pre-draft is never called off; it stays pending
+    pre.take(committed, 0)  # call off and settle any other pre-draft
+    max_propose = gen.loop.max_propose
+    if not (gen.drafters.uses_model and 0 < k and max_propose >= 3 and n + 2 < remaining
+            and gen.draft.ready()):
+        return False
+    pre.start(gen.committed, committed, min(k, max_propose - 2), gen.exit_below,
+              lead=1, branch="lookup-miss", **gen.guess_for(gen.round_index + 1))
+    return True

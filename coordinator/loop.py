@@ -33,7 +33,7 @@ from coordinator.hybrid import LOOKUP, MODEL, Drafters, LookupSettings
 from coordinator.link import DraftLink, TargetLink
 from coordinator.load import LoadAwareK
 from coordinator.lookup import NO_LOOKUP, OutputCache
-from coordinator.lookup_round import lookup_round
+from coordinator.lookup_round import cover_lookup_miss, lookup_round
 from coordinator.policy import DEFAULT_POLICY, LoopPolicy
 from coordinator.predraft import PreDrafts
 from coordinator.record import LoopStats, Recorder, RoundResult
@@ -279,8 +279,8 @@ class Generation:
                 found, self.predrafts is not None and self.predrafts.ready_for(committed))
                 == LOOKUP):
             return lookup_round(self, found, round_seed, u,
-                                self._cover_lookup_miss(committed, k, remaining,
-                                                        len(found.tokens)))
+                                cover_lookup_miss(self, committed, k, remaining,
+                                                  len(found.tokens)))
         if self.drafters is not None and not self.drafters.uses_model:
             k = 0  # --drafter lookup and no match: a target-only round
         max_propose = self.loop.max_propose
@@ -293,12 +293,15 @@ class Generation:
             # draft prefills and proposes from the prompt, its own first token standing in
             # for the target's (lead=1); round 2 uses those drafts when the guess holds.
             self.predrafts.start(self.committed, committed, min(k, max_propose - 2),
-                                 self.exit_below, lead=1, prefill=True)
+                                 self.exit_below, lead=1, prefill=True,
+                                 **self.guess_for(self.round_index + 1))
             k = 0
         if proposal is None and k > 0 and self.draft is not None:
             t0 = time.perf_counter()
-            proposal = self.draft.propose(self.committed, k + 1 if pipelining else k,
-                                          self.sampling, self.policy.top_n, self.exit_below)
+            proposal = self.draft.propose(
+                self.committed, k + 1 if pipelining else k, self.sampling, self.policy.top_n,
+                self.exit_below,
+                guess_seed=self.bonus_seed(self.round_index) if pipelining else None)
             if proposal is not None:
                 propose_s, proposed = time.perf_counter() - t0, len(proposal.tokens)
         exited_early = proposal is not None and proposal.exited_early
@@ -319,14 +322,16 @@ class Generation:
             # room for only a target-only token).
             if pipelining and guess is not None and n + 2 < remaining:
                 self.predrafts.start(self.committed, committed + drafts.tokens + [guess], k,
-                                     self.exit_below)
+                                     self.exit_below, **self.guess_for(self.round_index + 1))
             else:
                 guess = None
         drafts = proposal.tokens if proposal is not None else []
         t0 = time.perf_counter()
         result = self.target.verify(self.committed, drafts,
                                     proposal.dists if proposal is not None else [],
-                                    self.sampling, round_seed)
+                                    self.sampling, round_seed,
+                                    bonus_seed=self.bonus_seed(self.round_index)
+                                    if drafts and self.predrafts is not None else None)
         verify_s = time.perf_counter() - t0
         if not drafts:
             decision = Decision([result.bonus_token], [TokenKind.TARGET], 0)
@@ -342,26 +347,19 @@ class Generation:
                            (result.pass_sessions, result.pass_tokens, result.pass_seconds),
                            draft_step_s)
 
-    def _cover_lookup_miss(self, committed: list[int], k: int, remaining: int,
-                           n: int) -> bool:
-        """Before a look-up round of n drafts: the draft model, idle while the target
-        verifies them, pre-drafts the branch where the first is rejected, from the
-        committed ids with its own first token standing in for the recovered one
-        (lead=1). The look-up covers the copy, the draft the rest. Not when this round
-        may end the generation (as for every pre-draft). True if started."""
-        pre = self.predrafts
-        if pre is None:
-            return False
-        if pre.pending is not None and pre.pending.prefill and not pre.pending.future.done():
-            return False  # the prefill's pre-draft is never called off; it stays pending
-        pre.take(committed, 0)  # call off and settle any other pre-draft
-        max_propose = self.loop.max_propose
-        if not (self.drafters.uses_model and 0 < k and max_propose >= 3 and n + 2 < remaining
-                and self.draft.ready()):
-            return False
-        pre.start(self.committed, committed, min(k, max_propose - 2), self.exit_below,
-                  lead=1, branch="lookup-miss")
-        return True
+    def bonus_seed(self, round_index: int) -> int | None:
+        """Sampled rounds: the seed of round `round_index`'s coupled bonus, with which the
+        draft draws its guess at it (specdec.coupling; a guess that agrees lets the
+        pipeline's next round start at once). None when greedy (no draws)."""
+        if self.sampling.greedy or not self.policy.couple_bonus:
+            return None
+        return derive_seed(self.sampling.seed, "bonus", round_index)
+
+    def guess_for(self, round_index: int) -> dict:
+        """PreDrafts.start's options for a pre-draft whose last token guesses the bonus
+        of round `round_index`."""
+        seed = self.bonus_seed(round_index)
+        return dict(guess_seed=seed, guess_last=seed is not None)
 
     def commit(self, tokens: list[int]) -> None:
         self.committed.extend(tokens)

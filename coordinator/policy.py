@@ -30,6 +30,9 @@ class LoopPolicy:
     lookup_k: int = 8  # drafts per look-up round at most
     lookup_min_match: int = 2  # hybrid: a context match this long uses the look-up
     lookup_cache: int = 0  # recent outputs kept per tenant for the look-up; 0 = off
+    # Sampled pipelined rounds: the target draws the bonus and the draft its guess at it
+    # with the same Gumbel noise (specdec.coupling), so pre-drafts hold more often.
+    couple_bonus: bool = True
 
 
 DEFAULT_POLICY = LoopPolicy()

@@ -62,11 +62,13 @@ class PreDrafts:
     def start(self, committed: TokenPrefix, assumed_tokens: list[int], k: int,
               exit_below: float, lead: int = 0, prefill: bool = False, guess: bool = True,
               keep_logits: bool = False, min_p: float = 0.0,
-              guess_seed: int | None = None, branch: str = "all-accepted") -> None:
+              guess_seed: int | None = None, branch: str = "all-accepted",
+              guess_last: bool = False) -> None:
         """Propose k drafts and a guess (unless not `guess`) on top of `assumed_tokens`
         (the committed ids plus guesses) plus the draft's own first `lead` tokens.
         `prefill`: this is the prefill round's pre-draft (never called off).
-        keep_logits, min_p, guess_seed: as in Propose. `branch`: the outcome it covers."""
+        keep_logits, min_p, guess_seed, guess_last: as in Propose. `branch`: the outcome
+        it covers."""
         replica = self.draft.replica
         if replica is None:
             return
@@ -79,7 +81,7 @@ class PreDrafts:
             proposal = client.propose(sync, lead + k + (1 if guess else 0), self.sampling,
                                       self.top_n, self.draft.meter, exit_below, cancel,
                                       keep_logits=keep_logits, min_p=min_p,
-                                      guess_seed=guess_seed)
+                                      guess_seed=guess_seed, guess_last=guess_last)
             return proposal, (assumed.tokens + proposal.tokens)[:proposal.cached_len]
 
         # Called off at any point, the draft still holds the kept prefix: a request never

@@ -51,6 +51,7 @@ class ProposeArgs(SyncRequest):
     keep_logits: bool = False  # keep each step's logits for a later Score (contrastive)
     min_p: float = 0.0  # propose only tokens with q >= min_p * max q (0 = off)
     guess_seed: int | None = None  # sampled: the first token by coupled Gumbel-max
+    guess_last: bool = False  # ... the last token instead (a speculative round's guess)
 
 
 @dataclass
@@ -137,8 +138,10 @@ class DraftEngine:
                             ids = ids[:int((q >= args.min_p * q[0]).sum())]
                         # Quantize-Sample-Verify: draw from the counts that are sent
                         counts = quantise(q[:len(ids)])
-                        j = sample_counts(counts, gen) if i or args.guess_seed is None \
-                            else coupling.draw(ids, counts.double(), args.guess_seed)
+                        coupled = args.guess_seed is not None and \
+                            i == (k - 1 if args.guess_last else 0)
+                        j = coupling.draw(ids, counts.double(), args.guess_seed) \
+                            if coupled else sample_counts(counts, gen)
                         x, confidence = int(ids[j]), int(counts[j]) / Q_TOTAL
                         dists.append(SparseQ.quantised(ids, counts))
                     tokens.append(x)

@@ -28,6 +28,7 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
             exit_below=request.exit_below, keep_logits=request.keep_logits,
             min_p=request.min_p,
             guess_seed=request.guess_seed if request.HasField("guess_seed") else None,
+            guess_last=request.guess_last,
         ), cancelled=lambda: not context.is_active(), busy_wait_s=busy_wait_s(context))
         return draft_pb2.ProposeResponse(
             tokens=result.tokens, dists=[wire.dist_to_proto(q) for q in result.dists],

@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+import torch
+
+from specdec import coupling
 from specdec.contrastive import ContrastiveParams, Head, head
 from specdec.errors import Cancelled, require
 from specdec.runtime.batching import Pass
@@ -29,6 +32,7 @@ class VerifyArgs(SyncRequest):
     draft_dists: list[SparseQ] = field(default_factory=list)
     sampling: SamplingParams = field(default_factory=SamplingParams)
     round_seed: int = 0
+    bonus_seed: int | None = None  # sampled: the bonus by coupled Gumbel-max
     # Contrastive decoding: return V_head with the expert's values at the K+1 positions
     # (specdec.contrastive.head) instead of a round; draft_dists must then be empty.
     contrastive: ContrastiveParams | None = None
@@ -84,6 +88,8 @@ class TargetEngine:
                 f"draft must be fed in the same request (got {len(args.new_tokens)})")
         args.sampling.validate()
         require(0 <= args.round_seed < 2**64, "round_seed must fit in 64 bits")
+        require(args.bonus_seed is None or not args.sampling.greedy,
+                "bonus_seed is for sampled rounds; leave it unset when greedy")
         self.model.check_sync(args)
         drafts = args.new_tokens[len(args.new_tokens) - k:] if k else []
         if args.contrastive is not None:
@@ -134,6 +140,11 @@ class TargetEngine:
         else:
             p = process_logits(logits, args.sampling)
             result = target_round(p, drafts, draft_q, generator(args.round_seed, "verify"))
+            if args.bonus_seed is not None:
+                # Gumbel-max with the seed's noise: an exact draw from p_{K+1}, coupled
+                # with the draft's guess at it (the recovered draws are unchanged).
+                bonus = coupling.draw(torch.arange(p.shape[1]), p[k], args.bonus_seed)
+                result = replace(result, bonus_token=bonus)
         return VerifyResult(result, s.cached_len, ran_in)
 
     def release(self, session_id: str) -> bool:

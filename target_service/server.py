@@ -25,6 +25,7 @@ class TargetServicer(target_pb2_grpc.TargetServiceServicer):
             draft_dists=[wire.dist_from_proto(d, f"draft_dists[{i}]")
                          for i, d in enumerate(request.draft_dists)],
             sampling=wire.sampling_from_proto(request.sampling), round_seed=request.round_seed,
+            bonus_seed=request.bonus_seed if request.HasField("bonus_seed") else None,
             contrastive=wire.contrastive_from_proto(request.contrastive)
             if request.HasField("contrastive") else None,
         )
