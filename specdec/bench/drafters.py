@@ -29,7 +29,10 @@ SCENARIOS = {  # name -> (label, CoordinatorConfig options)
     "lookup": (" model-free, no draft service", dict(draft="", drafter="lookup")),
     "model": (" draft model pipelined", dict(drafter="model", pipeline=True)),
     "hybrid": (" hybrid pipelined", dict(drafter="hybrid", pipeline=True)),
+    "hybrid-uncoupled": (" hybrid pipelined, bonus guess not coupled",
+                         dict(drafter="hybrid", pipeline=True, couple_bonus=False)),
 }
+DEFAULT_SCENARIOS = "lookup,model,hybrid"
 PEER_KINDS = ("genai-speculative", "genai-lookup")
 
 
@@ -265,7 +268,7 @@ def add_parser(sub) -> None:
                     "speculative and prompt-lookup pipelines; writes drafters.json, "
                     "drafters.md and drafters_speedup.png. Greedy runs check every text "
                     "against target-only (exit 1 otherwise). " + harness.SPEEDUP_DEFINITION)
-    p.add_argument("--scenarios", default=",".join(SCENARIOS),
+    p.add_argument("--scenarios", default=DEFAULT_SCENARIOS,
                    help=f"comma-separated among {', '.join(SCENARIOS)} "
                         "(default: %(default)s)")
     p.add_argument("--prompts", default="",
