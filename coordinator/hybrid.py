@@ -23,10 +23,11 @@ the look-up sends the n tokens that maximise (1 + a + ... + a^n) / (1 + verify_c
 the expected tokens per round over its cost; n = 0 (a weak match in chat text) means the
 look-up sits the round out.
 
-The other statistics are per generation, moving averages of what each drafter's rounds
-gave: accepted drafts, and the round's wall time. The choice depends on tokens and
-measured times, never on the round's own random draws, so every round stays lossless
-whichever drafter supplied it (greedy output never depends on the choice).
+The draft model's accepted drafts per round are a moving average per generation. The
+choice depends on tokens only (no measured times), never on the round's own random
+draws: every round stays lossless whichever drafter supplied it, and a seeded sampled
+generation draws the same text whatever the timing (greedy output is the target's
+anyway).
 """
 
 from __future__ import annotations
@@ -55,6 +56,10 @@ class LookupSettings:
     max_tokens: int = 8  # drafts per look-up round at most
     min_match: int = 3  # hybrid: a match this long uses the look-up outright
     verify_cost: float = 0.15  # a verified draft's cost, in one-token target steps
+    # A model round that must Propose first, in look-up rounds: the draft's K+1 steps
+    # and the Verify, against the Verify alone (measured on SmolLM2, 1 core each: about
+    # 115 against 45 ms).
+    fresh_round_cost: float = 2.5
     max_match: int = DEFAULT_MAX_MATCH
     min_prob: float = DEFAULT_MIN_PROB
     depth: int = DEFAULT_DEPTH
@@ -137,8 +142,6 @@ class Drafters:
             self.trie.extend(prompt)
         self.output: list[int] = []
         self.accepted = {MODEL: _Average(), LOOKUP: _Average()}
-        # round seconds: look-up rounds, and model rounds that had to Propose first
-        self.seconds = {MODEL: _Average(), LOOKUP: _Average()}
         self.acceptance = Acceptance()
         self.last = NO_LOOKUP  # the latest proposal (what a look-up round drafted)
 
@@ -174,9 +177,10 @@ class Drafters:
         """LOOKUP or MODEL for this round. `model_drafts_ready`: a pre-draft already
         holds the draft model's proposal: it costs no more than a look-up, and using it
         keeps the pipeline's chain going, so the look-up must promise CHAIN_MARGIN more
-        accepted drafts. Otherwise the model's round must Propose first, and the two
-        compare expected tokens per second; a match of `min_match` tokens decides while
-        either side's round time is unknown."""
+        accepted drafts. Otherwise the model's round must Propose first
+        (`fresh_round_cost` look-up rounds), and the two compare expected tokens per
+        unit of cost; a match of `min_match` tokens decides while the model's acceptance
+        is unknown."""
         if not found:
             return MODEL
         if self.mode != HYBRID:
@@ -185,24 +189,18 @@ class Drafters:
         if model_drafts_ready:
             return LOOKUP if model_acc is not None and \
                 found.expected > model_acc + CHAIN_MARGIN else MODEL
-        t_l, t_m = self.seconds[LOOKUP].value, self.seconds[MODEL].value
-        if model_acc is None or t_l is None or t_m is None:
+        if model_acc is None:
             return LOOKUP if found.match_len >= self.settings.min_match else MODEL
-        return LOOKUP if (1 + found.expected) / t_l > (1 + model_acc) / t_m else MODEL
+        return LOOKUP if (1 + found.expected) * self.settings.fresh_round_cost > \
+            1 + model_acc else MODEL
 
-    def observe(self, source: str, drafted: int, accepted: int, seconds: float,
-                proposed: bool = True) -> None:
-        """A round of `source` accepted `accepted` of its `drafted` drafts in `seconds`.
-        `proposed`: a model round that had to Propose (not pre-drafted) - the round the
-        look-up competes with when no pre-draft is ready."""
+    def observe(self, source: str, drafted: int, accepted: int) -> None:
+        """A round of `source` accepted `accepted` of its `drafted` drafts."""
         self.accepted[source].add(accepted)
         if source == LOOKUP:
-            self.seconds[LOOKUP].add(seconds)
             last = self.last
             self.acceptance.observe(last.match_len, drafted, accepted,
                                     last.first_prob >= UNIQUE)
-        elif proposed:
-            self.seconds[MODEL].add(seconds)
 
     def committed(self, tokens: Sequence[int]) -> None:
         if self.trie is not None:

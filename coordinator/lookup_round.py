@@ -61,9 +61,9 @@ def cover_lookup_miss(gen, committed: list[int], k: int, remaining: int, n: int)
     pre = gen.predrafts
     if pre is None:
         return False
-    if pre.pending is not None and pre.pending.prefill and not pre.pending.future.done():
-        return False  # the prefill's pre-draft is never called off; it stays pending
-    pre.take(committed, 0)  # call off and settle any other pre-draft
+    # Settle the pending pre-draft: called off, or waited for if it is the prefill's
+    # (never called off; it is about done by now). Whatever the timing, the same.
+    pre.take(committed, 0)
     max_propose = gen.loop.max_propose
     if not (gen.drafters.uses_model and 0 < k and max_propose >= 3 and n + 2 < remaining
             and gen.draft.ready()):

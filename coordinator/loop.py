@@ -158,8 +158,7 @@ class SpeculativeLoop:
                 gen.record.round(result, seconds)
                 if gen.drafters is not None and result.k:
                     gen.drafters.observe(result.source, result.k,
-                                         result.decision.num_accepted, seconds,
-                                         proposed=result.propose_s is not None)
+                                         result.decision.num_accepted)
                 # Every speculative generation's model-drafted rounds teach it (contrastive
                 # ones accept against another distribution; K's controllers learn the
                 # draft model, not the look-up).

@@ -31,7 +31,9 @@ def stats_from_proto(msg: generate_pb2.GenerationStats) -> Stats:
                  lookup_drafted_tokens=msg.lookup_drafted_tokens,
                  lookup_accepted_tokens=msg.lookup_accepted_tokens,
                  lookup_miss_predrafts=msg.lookup_miss_predrafts,
-                 lookup_miss_hits=msg.lookup_miss_hits)
+                 lookup_miss_hits=msg.lookup_miss_hits, guess_rounds=msg.guess_rounds,
+                 guess_rejections=msg.guess_rejections,
+                 guess_bonus_misses=msg.guess_bonus_misses)
 
 
 def chunk_from_proto(msg: generate_pb2.GenerateChunk) -> Chunk:
@@ -60,7 +62,8 @@ def stats_to_proto(stats: Stats) -> generate_pb2.GenerationStats:
         lookup_drafted_tokens=stats.lookup_drafted_tokens,
         lookup_accepted_tokens=stats.lookup_accepted_tokens,
         lookup_miss_predrafts=stats.lookup_miss_predrafts,
-        lookup_miss_hits=stats.lookup_miss_hits)
+        lookup_miss_hits=stats.lookup_miss_hits, guess_rounds=stats.guess_rounds,
+        guess_rejections=stats.guess_rejections, guess_bonus_misses=stats.guess_bonus_misses)
 
 
 def chunk_to_proto(chunk: Chunk) -> generate_pb2.GenerateChunk:

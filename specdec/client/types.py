@@ -50,6 +50,11 @@ class Stats:
     # Pre-drafts of the branch where a look-up round's first draft is rejected, and hits.
     lookup_miss_predrafts: int = 0
     lookup_miss_hits: int = 0
+    # Rounds that started an all-accepted pre-draft, and how many rejected a draft or
+    # accepted all with another bonus than the draft's guess.
+    guess_rounds: int = 0
+    guess_rejections: int = 0
+    guess_bonus_misses: int = 0
 
     @property
     def acceptance_rate(self) -> float | None:

@@ -85,6 +85,21 @@ def test_greedy_lookup_equals_target_only(draft_client, target_client, mode):
     assert (covered > 0 and hits > 0) == (mode == "hybrid-pipelined"), (covered, hits)
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_seeded_sampled_hybrid_output_does_not_depend_on_timing(draft_client, target_client,
+                                                                 seed):
+    """The hybrid's choice depends on tokens only: the same seed gives the same text."""
+    loop = lookup_loop(draft_client, target_client, drafter="hybrid", pipeline=True,
+                       lookup_min_match=1)
+    params = SamplingParams(temperature=1.0, top_k=8, seed=seed)
+    a, sa = run(loop, PROMPTS[seed], params, 3)
+    b, sb = run(loop, PROMPTS[seed], params, 3)
+    assert a == b
+    assert (sa.rounds, sa.lookup_rounds, sa.accepted_tokens) == \
+        (sb.rounds, sb.lookup_rounds, sb.accepted_tokens)
+    assert sa.lookup_rounds > 0
+
+
 def test_lookup_drafts_more_than_k_and_the_output_cache_helps(target_client):
     """A look-up round may verify more drafts than K; a tenant's second identical request
     drafts its whole output from the cache of the first."""

@@ -190,10 +190,10 @@ def test_the_lookup_sends_fewer_tokens_for_weak_matches_and_learns():
     first = d.lookup(context, 4)
     assert first.match_len == 2 and first.tokens == [14, 15]  # a = 0.5: two drafts pay
     for _ in range(10):
-        d.observe(LOOKUP, 1, 1, 0.05)  # (d.last: the match of 2 tokens)
+        d.observe(LOOKUP, 1, 1)  # (d.last: the match of 2 tokens)
     assert d.lookup(context, 4).tokens == [14, 15, 77, 12]  # learnt: all of them pay
     for _ in range(100):
-        d.observe(LOOKUP, 3, 0, 0.05)
+        d.observe(LOOKUP, 3, 0)
     assert d.lookup(context, 4) == NO_LOOKUP  # learnt: none pays
 
 
@@ -209,7 +209,7 @@ def test_modes():
         drafters("both")
 
 
-def test_hybrid_uses_a_long_match_while_round_times_are_unknown():
+def test_hybrid_uses_a_long_match_while_the_models_acceptance_is_unknown():
     d = drafters(min_match=3)
     assert d.choose(Lookup([1], 3, 0.1), False) == LOOKUP
     # a short match, and nothing known of the model yet: the model
@@ -218,20 +218,19 @@ def test_hybrid_uses_a_long_match_while_round_times_are_unknown():
     assert d.choose(Lookup([1], 3, 0.1), True) == MODEL
 
 
-def test_hybrid_compares_tokens_per_second_from_running_statistics():
-    d = drafters(min_match=5)
-    d.observe(MODEL, 4, 2, 0.100)
+def test_hybrid_compares_expected_tokens_per_cost():
+    d = drafters(min_match=5, fresh_round_cost=2.5)
+    d.observe(MODEL, 4, 2)
     # model drafts already pre-drafted: the look-up must promise CHAIN_MARGIN more
     assert d.choose(Lookup([1, 2, 3, 4], 2, 3.5), True) == LOOKUP
     assert d.choose(Lookup([1, 2, 3, 4], 2, 2.5), True) == MODEL
-    # tokens per second: the look-up's round is cheap, so a modest estimate wins
-    d2 = drafters(min_match=5)
-    d2.observe(MODEL, 4, 3, 0.120)  # (1 + 3) / 0.12 = 33 tokens/s
-    d2.observe(LOOKUP, 1, 1, 0.030)
-    assert d2.choose(Lookup([1], 1, 0.5), False) == LOOKUP  # 1.5 / 0.03 = 50 > 33
-    d2.observe(LOOKUP, 1, 0, 0.080)
-    d2.observe(LOOKUP, 1, 0, 0.080)
-    assert d2.choose(Lookup([1], 1, 0.5), False) == MODEL
+    # the model must Propose first: a look-up round costs 1/2.5 of that round
+    d.observe(MODEL, 4, 4)  # moving average of accepted drafts: 2.6
+    assert d.accepted[MODEL].value == pytest.approx(2.6)
+    assert d.choose(Lookup([1], 1, 0.5), False) == LOOKUP  # 1.5 * 2.5 > 3.6
+    assert d.choose(Lookup([1], 1, 0.4), False) == MODEL  # 1.4 * 2.5 < 3.6
+    # the choice depends on tokens only: the same state gives the same answer
+    assert d.choose(Lookup([1], 1, 0.5), False) == LOOKUP
 
 
 def test_finished_output_joins_the_tenants_cache():
