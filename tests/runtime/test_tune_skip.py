@@ -47,8 +47,12 @@ def tune(folder, home, *extra, wait=True):
            *extra]
     env = {**os.environ, "SPECDEC_HOME": str(home)}
     if not wait:
+        # SIGINT as a terminal would deliver it: a suite started in the background by a
+        # non-interactive shell (nohup make test &) has it ignored, and children inherit
+        # that, so the Ctrl-C test would wait for 100000 trials.
         return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True)
+                                text=True,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
 
 

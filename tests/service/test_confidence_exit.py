@@ -73,7 +73,7 @@ MODES = {
 def test_greedy_with_confidence_exit_equals_target_only(draft_client, target_client, mode,
                                                         prompt):
     base, _ = run(SpeculativeLoop(None, target_client), prompt, SamplingParams(), 0)
-    loop = SpeculativeLoop(draft_client, target_client, LoopPolicy(
+    loop = SpeculativeLoop(draft_client, target_client, LoopPolicy(drafter="model",
         confidence_exit=True, exit_threshold=0.3, **MODES[mode]))
     ids, stats = run(loop, prompt, SamplingParams(), 4)
     assert ids == base
@@ -86,7 +86,7 @@ def test_greedy_with_confidence_exit_equals_target_only(draft_client, target_cli
 def test_threshold_follows_acceptance_in_a_generation(draft_client, target_client):
     """Starting high, the tiny pair's acceptance (above the 0.5 aimed for) brings the
     threshold down, so later rounds draft more tokens than the first ones."""
-    loop = SpeculativeLoop(draft_client, target_client, LoopPolicy(
+    loop = SpeculativeLoop(draft_client, target_client, LoopPolicy(drafter="model",
         pipeline=False, confidence_exit=True, exit_threshold=0.9, exit_target_acceptance=0.5))
     _, stats = run(loop, [1, 2, 3, 4, 5], SamplingParams(), 4, n=96)
     assert stats.accepted_tokens / stats.drafted_tokens > 0.5
@@ -100,7 +100,7 @@ def test_seeded_sampled_output_is_reproducible_with_exit(draft_client, target_cl
     params = SamplingParams(temperature=1.0, top_k=8, seed=seed)
     outs = []
     for pipeline in (False, True, True):
-        loop = SpeculativeLoop(draft_client, target_client, LoopPolicy(
+        loop = SpeculativeLoop(draft_client, target_client, LoopPolicy(drafter="model",
             pipeline=pipeline, confidence_exit=True, exit_threshold=0.2))
         outs.append(run(loop, PROMPTS[seed % 3], params, 3))
     (_, sa), (b, sb), (c, _) = outs

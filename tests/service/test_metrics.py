@@ -24,6 +24,8 @@ GREEDY = SamplingParams()
 K = 4
 services = _metrics_helpers.services  # the shared fixture: servers for this module
 
+MODEL_ONLY = LoopPolicy(pipeline=False, drafter="model")  # sequential, no look-up
+
 
 class Injected(grpc.RpcError):
     """A failed call: UNAVAILABLE (the replica is gone) or another code."""
@@ -83,7 +85,8 @@ def test_a_generation_moves_every_endpoint_consistently(services, monkeypatch):
     try:
         with grpc.insecure_channel(d_addr) as d_ch, grpc.insecure_channel(t_addr) as t_ch:
             draft, target = CountingDraft(d_ch), CountingTarget(t_ch)
-            loop = SpeculativeLoop(draft, target, LoopPolicy(pipeline=False), metrics=loop_metrics)
+            # The draft model drafts every round (each Propose is counted against them).
+            loop = SpeculativeLoop(draft, target, MODEL_ONLY, metrics=loop_metrics)
             before = [Samples(p) for p in (c_port, d_port, t_port)]
 
             # Inside each Verify, just before the target's forward pass: its gauge.
@@ -198,7 +201,7 @@ def test_faults_are_counted_where_the_loop_counts_them(services):
             # Two replicas, one server: "t-a" is pinned first and fails its 3rd call.
             first, second = CountingTarget(t_ch, fail_on={3}), CountingTarget(t_ch)
             target = Router.from_clients({"t-a": first, "t-b": second})
-            loop = SpeculativeLoop(draft, target, LoopPolicy(pipeline=False), draft_backoff_s=0.0,
+            loop = SpeculativeLoop(draft, target, MODEL_ONLY, draft_backoff_s=0.0,
                                    metrics=metrics)
             rounds = 0
 
@@ -242,7 +245,7 @@ def test_contrastive_rounds_report_the_plausible_set_sizes(services):
     try:
         with grpc.insecure_channel(d_addr) as d_ch, grpc.insecure_channel(t_addr) as t_ch:
             loop = SpeculativeLoop(DraftClient(d_ch), TargetClient(t_ch),
-                                   LoopPolicy(pipeline=False), metrics=loop_metrics)
+                                   MODEL_ONLY, metrics=loop_metrics)
             before = Samples(c_port)
             result = loop.generate(PROMPT, 12, GREEDY, num_draft_tokens=2,
                                    contrastive=ContrastiveParams())
