@@ -6,6 +6,7 @@ import argparse
 import hashlib
 import json
 import logging
+import signal
 import sys
 import time
 from pathlib import Path
@@ -204,15 +205,24 @@ def _main(args) -> int:
         ev.verify_ms(n)
     study.set_user_attr("measured", ev.measured)
 
+    # Ctrl-C during the trials stops the study after the trial in flight: a
+    # KeyboardInterrupt raised inside optuna's storage writes can escape as another error.
+    interrupted = []
+
     def save(study_, _trial) -> None:
         study_.set_user_attr("measured", ev.measured)
+        if interrupted:
+            study_.stop()
 
     remaining = max(args.trials - done, 0)
+    previous = signal.signal(signal.SIGINT, lambda *_: interrupted.append(True))
     try:
         if remaining:
             study.optimize(studies.objective(ev, args.min_skip, max_skip),
                            n_trials=remaining, show_progress_bar=True, callbacks=[save])
-    except KeyboardInterrupt:
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if interrupted:
         study.set_user_attr("measured", ev.measured)
         print(f"\ninterrupted: {studies.finished(study)} of {args.trials} trials are stored "
               f"in {db}; run the same command again to resume", file=sys.stderr)
