@@ -35,6 +35,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from coordinator.adaptive import ema
 from coordinator.lookup import (
     DEFAULT_DEPTH,
     DEFAULT_MAX_MATCH,
@@ -48,7 +49,7 @@ from coordinator.lookup import (
 
 DRAFTERS = ("model", "lookup", "hybrid")
 MODEL, LOOKUP, HYBRID = DRAFTERS
-_DECAY = 0.3  # weight of the newest observation in the moving averages
+_DECAY = 0.3  # weight of the newest observation in the model's moving average
 
 
 @dataclass(frozen=True)
@@ -63,16 +64,6 @@ class LookupSettings:
     max_match: int = DEFAULT_MAX_MATCH
     min_prob: float = DEFAULT_MIN_PROB
     depth: int = DEFAULT_DEPTH
-
-
-class _Average:
-    def __init__(self) -> None:
-        self.value: float | None = None
-        self.n = 0
-
-    def add(self, x: float) -> None:
-        self.n += 1
-        self.value = x if self.value is None else (1 - _DECAY) * self.value + _DECAY * x
 
 
 # Prior per-token acceptance of look-up drafts by match length (1, 2, 3, 4+), when the
@@ -141,13 +132,9 @@ class Drafters:
         if self.trie is not None:
             self.trie.extend(prompt)
         self.output: list[int] = []
-        self.accepted = {MODEL: _Average(), LOOKUP: _Average()}
+        self.model_accepted: float | None = None  # accepted drafts per model round
         self.acceptance = Acceptance()
         self.last = NO_LOOKUP  # the latest proposal (what a look-up round drafted)
-
-    @property
-    def uses_lookup(self) -> bool:
-        return self.trie is not None
 
     @property
     def uses_model(self) -> bool:
@@ -185,7 +172,7 @@ class Drafters:
             return MODEL
         if self.mode != HYBRID:
             return self.mode
-        model_acc = self.accepted[MODEL].value
+        model_acc = self.model_accepted
         if model_drafts_ready:
             return LOOKUP if model_acc is not None and \
                 found.expected > model_acc + CHAIN_MARGIN else MODEL
@@ -196,8 +183,9 @@ class Drafters:
 
     def observe(self, source: str, drafted: int, accepted: int) -> None:
         """A round of `source` accepted `accepted` of its `drafted` drafts."""
-        self.accepted[source].add(accepted)
-        if source == LOOKUP:
+        if source == MODEL:
+            self.model_accepted = ema(self.model_accepted, accepted, 1 - _DECAY)
+        else:
             last = self.last
             self.acceptance.observe(last.match_len, drafted, accepted,
                                     last.first_prob >= UNIQUE)

@@ -226,7 +226,7 @@ def test_hybrid_compares_expected_tokens_per_cost():
     assert d.choose(Lookup([1, 2, 3, 4], 2, 2.5), True) == MODEL
     # the model must Propose first: a look-up round costs 1/2.5 of that round
     d.observe(MODEL, 4, 4)  # moving average of accepted drafts: 2.6
-    assert d.accepted[MODEL].value == pytest.approx(2.6)
+    assert d.model_accepted == pytest.approx(2.6)
     assert d.choose(Lookup([1], 1, 0.5), False) == LOOKUP  # 1.5 * 2.5 > 3.6
     assert d.choose(Lookup([1], 1, 0.4), False) == MODEL  # 1.4 * 2.5 < 3.6
     # the choice depends on tokens only: the same state gives the same answer
