@@ -49,7 +49,7 @@ def _median(xs):
     return statistics.median(xs) if xs else None
 
 
-def summarise(samples, names: dict[str, str], prompt_names: dict[str, str]) -> list[dict]:
+def summarise(samples, prompt_names: dict[str, str]) -> list[dict]:
     """One row per scenario: speedups, per-drafter acceptance, branch hits, bytes."""
     rows = []
     for scenario in dict.fromkeys(s.scenario for s in samples):
@@ -229,8 +229,7 @@ def run(args: argparse.Namespace) -> int:
         finally:
             for peer in peer_list:
                 peer.close()
-    names = {sc.name: sc.name for sc in scenarios}
-    rows = summarise(samples, names, prompt_names)
+    rows = summarise(samples, prompt_names)
     ours = [sc.name for sc in scenarios[1:]]
     peer_rows = against_peers(samples, ours, [p.name for p in peer_list])
     mismatches = []

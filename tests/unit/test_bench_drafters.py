@@ -32,7 +32,7 @@ def test_rows_give_speedups_per_prompt_group_and_per_drafter_figures():
         samples += [sample(BASELINE, prompt, base_s), sample("hybrid", prompt, hyb_s,
                                                              stats=STATS),
                     sample("peer", prompt, base_s / 2)]
-    rows = {r["scenario"]: r for r in summarise(samples, {}, names)}
+    rows = {r["scenario"]: r for r in summarise(samples, names)}
     hybrid = rows["hybrid"]
     assert hybrid["speedup"] == pytest.approx(2.0)  # median of 4, 1.25, 2
     assert hybrid["speedup_copy"] == pytest.approx(4.0)  # extraction alone
