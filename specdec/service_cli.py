@@ -40,6 +40,7 @@ class ModelServiceConfig:
     max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS
     batch_linger_ms: float = 0.0
     grace: float = 5.0
+    warmup: bool = True
     metrics_port: int = 0  # 0 = no metrics
     health_port: int = 0  # 0 = none; else grpc.health.v1 alone, plaintext (specdec.health_port)
     log_level: str = "INFO"
@@ -139,6 +140,13 @@ def add_model_service_flags(p: argparse.ArgumentParser, default_port: int,
     p.add_argument("--grace", type=float, default=5.0, metavar="SECONDS",
                    help="on SIGTERM/SIGINT, seconds in-flight RPCs get to finish "
                         "(default: %(default)s)")
+    p.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=True,
+                   help="before serving, run a throwaway session through every pass size a "
+                        "request may bring (1 to --max-draft-tokens + 2 tokens): OpenVINO "
+                        "prepares its kernels per input shape on first use, and the first "
+                        "one-token pass after a load cost 400 ms on SmolLM2 (later ones "
+                        "20 ms), which the first client would otherwise wait for "
+                        "(default: on)")
     p.add_argument("--metrics-port", type=int, default=0,
                    help="serve Prometheus metrics at http://HOST:PORT/metrics, on --host; "
                         "0 = off (default: %(default)s)")
@@ -233,6 +241,10 @@ def load_cached_model(cfg: ModelServiceConfig) -> CachedModel:
     model = CachedModel(backend, cfg.max_sessions, cfg.session_ttl, cfg.max_cached_tokens,
                         max_batch_tokens=cfg.max_batch_tokens,
                         linger_s=cfg.batch_linger_ms / 1000)
+    if cfg.warmup:
+        seconds = model.warm_up(cfg.max_draft_tokens + 2)
+        log.info("warmed up passes of 1 to %d tokens in %.2f s", cfg.max_draft_tokens + 2,
+                 seconds)
     model.store.start_reaper()
     return model
 

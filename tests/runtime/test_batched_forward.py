@@ -135,3 +135,24 @@ def test_paged_rollback_then_refeed_equals_fresh(ir_dir):
     got = backend.forward(cache, [11, 12], keep_last=2)
     want = backend.forward(backend.new_cache(), prompt + [11, 12], keep_last=2)
     torch.testing.assert_close(got, want, atol=TOL, rtol=0)
+
+
+@pytest.mark.parametrize("kind", ["torch", "openvino-paged"])
+def test_warm_up_runs_every_pass_size_and_leaves_nothing_behind(ir_dir, kind):
+    from specdec.runtime.cached_model import CachedModel
+
+    backend = TorchBackend(load(TINY_TARGET)) if kind == "torch" else _paged(ir_dir, blocks=4)
+    sizes = []
+    forward_batch = backend.forward_batch
+    backend.forward_batch = lambda items: sizes.append(
+        [len(t) for _, t, _ in items]) or forward_batch(items)
+    model = CachedModel(backend)
+    try:
+        assert model.warm_up(6) > 0
+        # a prefill, one pass of each size 1..6, then two sessions in one pass
+        assert sizes[1:7] == [[n] for n in range(1, 7)] and len(sizes[-1]) == 2
+        assert len(model.store) == 0  # no session was opened in the store
+        if kind == "openvino-paged":
+            assert backend.pool.free == backend.pool.capacity  # its blocks went back
+    finally:
+        model.close()
