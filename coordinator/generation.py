@@ -249,7 +249,6 @@ class GenerationService:
             mean_head_size=s.mean_head_size, lookup_rounds=s.lookup_rounds,
             lookup_drafted_tokens=s.lookup_drafted_tokens,
             lookup_accepted_tokens=s.lookup_accepted_tokens,
-            lookup_miss_predrafts=s.lookup_miss_predrafts, lookup_miss_hits=s.lookup_miss_hits,
             guess_rounds=s.guess_rounds, guess_rejections=s.guess_rejections,
             guess_bonus_misses=s.guess_bonus_misses,
         )

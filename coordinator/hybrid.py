@@ -10,11 +10,11 @@ The drafter modes (`--drafter`):
   model   the draft model only (what specdec did before the look-up existed);
   lookup  the look-up only; a round with no match is a target-only round. Needs no draft
           service at all (`--no-draft`);
-  hybrid  the look-up when its match is long enough or its expected tokens per second
-          beat the draft model's, from running statistics; else the draft model.
+  hybrid  per round, whichever promises more tokens per unit of cost (running
+          acceptance statistics and a fixed cost model); else the draft model.
 
 How many of a look-up's tokens to send: each draft verified costs the target a little
-(`verify_cost` of a one-token step, about 0.15 for SmolLM2 on one CPU core), and a draft
+(`verify_cost` of a one-token step, 0.10-0.16 for SmolLM2 on one CPU core), and a draft
 is accepted with a per-token probability `a` that depends on how long a context suffix
 matched and whether that suffix was always followed by the same token. `a` is learnt per
 generation and such bucket (accepted drafts over accepted drafts plus rejections, the
@@ -54,29 +54,33 @@ _DECAY = 0.3  # weight of the newest observation in the model's moving average
 
 @dataclass(frozen=True)
 class LookupSettings:
+    """The look-up's limits and the hybrid's cost model. Costs are in one-token target
+    rounds (a target-only round = 1), fixed, so that the choice depends on tokens only."""
+
     max_tokens: int = 8  # drafts per look-up round at most
     min_match: int = 3  # hybrid: a match this long uses the look-up outright
-    verify_cost: float = 0.15  # a verified draft's cost, in one-token target steps
-    # A model round that must Propose first, in look-up rounds: the draft's K+1 steps
-    # and the Verify, against the Verify alone (measured on SmolLM2, 1 core each: about
-    # 115 against 45 ms).
-    fresh_round_cost: float = 2.5
+    verify_cost: float = 0.12  # a verified draft's cost (paged SmolLM2: 0.10-0.16)
+    # A model round whose drafts a pre-draft already holds: the draft's K+1 steps of the
+    # next pre-draft bound it (SmolLM2, one core each: 55 against 22 ms on an AMD EPYC,
+    # about 92 against 43 ms on the previous machine).
+    ready_round_cost: float = 2.3
+    # A model round that must Propose first (92 against 22 ms; 115 against 43 ms).
+    fresh_round_cost: float = 3.4
     max_match: int = DEFAULT_MAX_MATCH
     min_prob: float = DEFAULT_MIN_PROB
     depth: int = DEFAULT_DEPTH
 
 
-# Prior per-token acceptance of look-up drafts by match length (1, 2, 3, 4+), when the
-# matched suffix had one continuation (`UNIQUE`) and when it had several: as two drafts'
-# worth of evidence around these rates.
-PRIOR = (0.3, 0.5, 0.65, 0.8)
-PRIOR_SEVERAL = (0.1, 0.25, 0.4, 0.55)
+# Prior per-token acceptance of look-up drafts by match length (the shortest length of
+# each bucket in MATCH_EDGES), when the matched suffix had one continuation (`UNIQUE`)
+# and when it had several, as two drafts' worth of evidence. Measured on the shipped
+# prompts' greedy text: 0.45, 0.59, 0.65, 0.73-0.78, 0.84 and 0.97 per token for one
+# continuation; a match of the longest length looked up (8) is nearly always a copy.
+MATCH_EDGES = (1, 2, 3, 4, 6, DEFAULT_MAX_MATCH)
+PRIOR = (0.4, 0.55, 0.65, 0.75, 0.85, 0.95)
+PRIOR_SEVERAL = (0.15, 0.35, 0.5, 0.6, 0.7, 0.85)
 PRIOR_WEIGHT = 2.0
 UNIQUE = 0.99  # a first draft this likely (empirically) had one continuation
-# A look-up round in place of a model round whose drafts are ready breaks the pipeline's
-# chain (the next round's model drafts are not pre-drafted): it must promise this many
-# more accepted drafts.
-CHAIN_MARGIN = 1.0
 
 
 class Acceptance:
@@ -90,7 +94,8 @@ class Acceptance:
 
     @staticmethod
     def bucket(match_len: int, unique: bool = True) -> int:
-        return min(max(match_len, 1), len(PRIOR)) - 1 + (0 if unique else len(PRIOR))
+        b = max(0, sum(1 for edge in MATCH_EDGES if match_len >= edge) - 1)
+        return b + (0 if unique else len(PRIOR))
 
     def rate(self, match_len: int, unique: bool = True) -> float:
         b = self.bucket(match_len, unique)
@@ -161,25 +166,30 @@ class Drafters:
         return self.last
 
     def choose(self, found: Lookup, model_drafts_ready: bool) -> str:
-        """LOOKUP or MODEL for this round. `model_drafts_ready`: a pre-draft already
-        holds the draft model's proposal: it costs no more than a look-up, and using it
-        keeps the pipeline's chain going, so the look-up must promise CHAIN_MARGIN more
-        accepted drafts. Otherwise the model's round must Propose first
-        (`fresh_round_cost` look-up rounds), and the two compare expected tokens per
-        unit of cost; a match of `min_match` tokens decides while the model's acceptance
-        is unknown."""
+        """LOOKUP or MODEL for this round: the one with more expected tokens per unit of
+        cost. `model_drafts_ready`: a pre-draft holds the draft model's proposal, so its
+        round costs `ready_round_cost`, else `fresh_round_cost` (it must Propose first).
+        A look-up round costs one target round plus `verify_cost` a draft, and when it
+        displaces ready model drafts, also the pipeline's chain: the next round has no
+        pre-draft, which costs the difference of the two model rounds if that round is the
+        model's, as it most likely is once a look-up draft is rejected (1 - a^n). While
+        the model's acceptance is unknown, a match of `min_match` tokens decides."""
         if not found:
             return MODEL
         if self.mode != HYBRID:
             return self.mode
-        model_acc = self.model_accepted
+        s = self.settings
+        if self.model_accepted is None:
+            return LOOKUP if found.match_len >= s.min_match and not model_drafts_ready \
+                else MODEL
+        n = len(found.tokens)
+        model_cost = s.ready_round_cost if model_drafts_ready else s.fresh_round_cost
+        cost = 1 + s.verify_cost * n
         if model_drafts_ready:
-            return LOOKUP if model_acc is not None and \
-                found.expected > model_acc + CHAIN_MARGIN else MODEL
-        if model_acc is None:
-            return LOOKUP if found.match_len >= self.settings.min_match else MODEL
-        return LOOKUP if (1 + found.expected) * self.settings.fresh_round_cost > \
-            1 + model_acc else MODEL
+            a = self.acceptance.rate(found.match_len, found.first_prob >= UNIQUE)
+            cost += (s.fresh_round_cost - s.ready_round_cost) * (1 - a ** n)
+        return LOOKUP if (1 + found.expected) / cost > \
+            (1 + self.model_accepted) / model_cost else MODEL
 
     def observe(self, source: str, drafted: int, accepted: int) -> None:
         """A round of `source` accepted `accepted` of its `drafted` drafts."""

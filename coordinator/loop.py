@@ -33,7 +33,7 @@ from coordinator.hybrid import LOOKUP, MODEL, Drafters, LookupSettings
 from coordinator.link import DraftLink, TargetLink
 from coordinator.load import LoadAwareK
 from coordinator.lookup import NO_LOOKUP, OutputCache
-from coordinator.lookup_round import cover_lookup_miss, lookup_round
+from coordinator.lookup_round import lookup_round
 from coordinator.policy import DEFAULT_POLICY, LoopPolicy
 from coordinator.predraft import PreDrafts
 from coordinator.record import LoopStats, Recorder, RoundResult
@@ -277,9 +277,7 @@ class Generation:
         if found and (self.draft is None or not self.draft.ready() or self.drafters.choose(
                 found, self.predrafts is not None and self.predrafts.ready_for(committed))
                 == LOOKUP):
-            return lookup_round(self, found, round_seed, u,
-                                cover_lookup_miss(self, committed, k, remaining,
-                                                  len(found.tokens)))
+            return lookup_round(self, found, round_seed, u, committed)
         if self.drafters is not None and not self.drafters.uses_model:
             k = 0  # --drafter lookup and no match: a target-only round
         max_propose = self.loop.max_propose

@@ -43,8 +43,6 @@ def usage(stats: generate_pb2.GenerationStats) -> dict:
             "lookup_rounds": stats.lookup_rounds,  # drafted by the model-free look-up
             "lookup_drafted_tokens": stats.lookup_drafted_tokens,
             "lookup_accepted_tokens": stats.lookup_accepted_tokens,
-            "lookup_miss_predrafts": stats.lookup_miss_predrafts,
-            "lookup_miss_hits": stats.lookup_miss_hits,
         },
     }
 

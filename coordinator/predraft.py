@@ -40,10 +40,6 @@ class PreDraft:
     lead: int = 0  # its first tokens are guesses too
     prefill: bool = False  # the prefill round's: never called off
     called_off: bool = False
-    # Which outcome of the round it covers: "all-accepted" (every draft accepted, the
-    # bonus its guess) or "lookup-miss" (a look-up round's first draft rejected, the
-    # recovered token its own first token; coordinator.loop).
-    branch: str = "all-accepted"
 
     def call_off(self) -> None:
         self.called_off = True
@@ -62,13 +58,11 @@ class PreDrafts:
     def start(self, committed: TokenPrefix, assumed_tokens: list[int], k: int,
               exit_below: float, lead: int = 0, prefill: bool = False, guess: bool = True,
               keep_logits: bool = False, min_p: float = 0.0,
-              guess_seed: int | None = None, branch: str = "all-accepted",
-              guess_last: bool = False) -> None:
+              guess_seed: int | None = None, guess_last: bool = False) -> None:
         """Propose k drafts and a guess (unless not `guess`) on top of `assumed_tokens`
         (the committed ids plus guesses) plus the draft's own first `lead` tokens.
         `prefill`: this is the prefill round's pre-draft (never called off).
-        keep_logits, min_p, guess_seed, guess_last: as in Propose. `branch`: the outcome
-        it covers."""
+        keep_logits, min_p, guess_seed, guess_last: as in Propose."""
         replica = self.draft.replica
         if replica is None:
             return
@@ -87,8 +81,8 @@ class PreDrafts:
         # Called off at any point, the draft still holds the kept prefix: a request never
         # crops below its keep_len, and what it fed before stopping only adds to it.
         self.pending = PreDraft(self.executor.submit(predraft), list(assumed_tokens), cancel,
-                                assumed.tokens[:keep_len], lead, prefill, branch=branch)
-        self.record.predraft_started(branch)
+                                assumed.tokens[:keep_len], lead, prefill)
+        self.record.predraft_started()
 
     def expect(self, tokens: list[int], lead: list[int] = ()) -> None:
         """The round's outcome is known to begin the ids `tokens`: call the pending
@@ -123,7 +117,7 @@ class PreDrafts:
         except grpc.FutureCancelledError:
             proposal, view_tokens = None, pre.surely_held
         except grpc.RpcError as e:
-            self.record.predraft(False, pre.branch)
+            self.record.predraft(False)
             self.draft.view.forget()
             if self.draft.replica is not None and \
                     e.code() not in RESYNC_CODES + (grpc.StatusCode.ABORTED,):
@@ -140,7 +134,7 @@ class PreDrafts:
             proposal = Proposal(proposal.tokens[pre.lead:], proposal.dists[pre.lead:],
                                 proposal.cached_len, proposal.requested - pre.lead,
                                 proposal.step_seconds)
-        self.record.predraft(useful, pre.branch)
+        self.record.predraft(useful)
         return proposal if useful else None
 
     def drop(self) -> None:
@@ -154,4 +148,4 @@ class PreDrafts:
         except (grpc.RpcError, grpc.FutureCancelledError):
             pass
         self.draft.view.holds(pre.surely_held)
-        self.record.predraft(False, pre.branch)
+        self.record.predraft(False)

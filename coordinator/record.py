@@ -38,10 +38,6 @@ class LoopStats:
     lookup_rounds: int = 0
     lookup_drafted_tokens: int = 0
     lookup_accepted_tokens: int = 0
-    # Pre-drafts of the branch where a look-up round's first draft is rejected (the draft
-    # model covers it while the target verifies the look-up's drafts): started, used.
-    lookup_miss_predrafts: int = 0
-    lookup_miss_hits: int = 0
     # Rounds that started an all-accepted pre-draft, by outcome: a draft rejected, or all
     # accepted and the bonus not the draft's guess (either way that pre-draft misses).
     guess_rounds: int = 0
@@ -141,16 +137,12 @@ class Recorder:
         self.stats.guess_rejections += rejected
         self.stats.guess_bonus_misses += (not rejected) and other_bonus
 
-    def predraft_started(self, branch: str = "all-accepted") -> None:
+    def predraft_started(self) -> None:
         self.stats.predrafts_started += 1
-        if branch == "lookup-miss":
-            self.stats.lookup_miss_predrafts += 1
 
-    def predraft(self, used: bool, branch: str = "all-accepted") -> None:
+    def predraft(self, used: bool) -> None:
         if used:
             self.stats.pipelined_rounds += 1
-            if branch == "lookup-miss":
-                self.stats.lookup_miss_hits += 1
         else:
             self.stats.predrafts_wasted += 1
         self.metrics.predraft(used)

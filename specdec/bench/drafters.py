@@ -6,7 +6,7 @@ services and the coordinator's GenerationService, interleaved per prompt; beside
 OpenVINO GenAI's speculative and prompt-lookup pipelines in the two peer set-ups of
 specdec.bench.peers. Reports, per scenario: the speedup (harness.SPEEDUP_DEFINITION)
 over all prompts and over the copy-heavy ones, acceptance per drafter, the pre-drafts'
-hit rates per branch, bytes per round; and specdec's tok/s over each GenAI row's (the
+hit rate, bytes per round; and specdec's tok/s over each GenAI row's (the
 median of per-prompt ratios). Greedy runs check every text against target-only.
 """
 
@@ -50,7 +50,7 @@ def _median(xs):
 
 
 def summarise(samples, prompt_names: dict[str, str]) -> list[dict]:
-    """One row per scenario: speedups, per-drafter acceptance, branch hits, bytes."""
+    """One row per scenario: speedups, per-drafter acceptance, pre-draft hits, bytes."""
     rows = []
     for scenario in dict.fromkeys(s.scenario for s in samples):
         mine = [s for s in samples if s.scenario == scenario]
@@ -69,21 +69,16 @@ def summarise(samples, prompt_names: dict[str, str]) -> list[dict]:
             total = {f: sum(getattr(st, f) for st in stats) for f in (
                 "rounds", "drafted_tokens", "accepted_tokens", "lookup_rounds",
                 "lookup_drafted_tokens", "lookup_accepted_tokens", "pipelined_rounds",
-                "predrafts_wasted", "lookup_miss_predrafts", "lookup_miss_hits",
-                "guess_rounds", "guess_rejections", "guess_bonus_misses")}
+                "predrafts_wasted", "guess_rounds", "guess_rejections", "guess_bonus_misses")}
             model_drafted = total["drafted_tokens"] - total["lookup_drafted_tokens"]
             model_accepted = total["accepted_tokens"] - total["lookup_accepted_tokens"]
-            main_started = total["pipelined_rounds"] + total["predrafts_wasted"] - \
-                total["lookup_miss_predrafts"]
             row.update(total)
             row["lookup_acceptance"] = _rate(total["lookup_accepted_tokens"],
                                              total["lookup_drafted_tokens"])
             row["model_acceptance"] = _rate(model_accepted, model_drafted)
             row["lookup_round_share"] = _rate(total["lookup_rounds"], total["rounds"])
             row["all_accepted_hit_rate"] = _rate(
-                total["pipelined_rounds"] - total["lookup_miss_hits"], main_started)
-            row["lookup_miss_hit_rate"] = _rate(total["lookup_miss_hits"],
-                                                total["lookup_miss_predrafts"])
+                total["pipelined_rounds"], total["pipelined_rounds"] + total["predrafts_wasted"])
             row["guess_rejected"] = _rate(total["guess_rejections"], total["guess_rounds"])
             row["guess_other_bonus"] = _rate(total["guess_bonus_misses"],
                                              total["guess_rounds"])
@@ -117,8 +112,8 @@ def markdown(rows, peer_rows, meta) -> str:
            "| scenario | tok/s | speedup, all prompts | extraction + summarisation | "
            "+ code | look-up rounds | look-up acceptance | model acceptance | "
            "all-accepted pre-draft hits | its rounds: a rejection / another bonus | "
-           "look-up-miss pre-draft hits | bytes/round |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "bytes/round |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         out.append(
             f"| {r['scenario']} | {_fmt(r['tok_s'], '.1f')} | {_fmt(r['speedup'], '.2f', 'x')}"
@@ -127,8 +122,7 @@ def markdown(rows, peer_rows, meta) -> str:
             f"{_fmt(r.get('lookup_round_share'), '.0%')} | "
             f"{_fmt(r.get('lookup_acceptance'))} | {_fmt(r.get('model_acceptance'))} | "
             f"{_fmt(r.get('all_accepted_hit_rate'))} | {_fmt(r.get('guess_rejected'))} / "
-            f"{_fmt(r.get('guess_other_bonus'))} | {_fmt(r.get('lookup_miss_hit_rate'))}"
-            f" | {_fmt(r.get('bytes_per_round'), '.0f')} |")
+            f"{_fmt(r.get('guess_other_bonus'))} | {_fmt(r.get('bytes_per_round'), '.0f')} |")
     names = list(rows[0]["per_prompt"]) if rows else []
     out += ["", "Speedup per prompt (median over repeats):", "",
             "| scenario | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]

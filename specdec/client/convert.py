@@ -30,8 +30,7 @@ def stats_from_proto(msg: generate_pb2.GenerationStats) -> Stats:
                  mean_head_size=msg.mean_head_size, lookup_rounds=msg.lookup_rounds,
                  lookup_drafted_tokens=msg.lookup_drafted_tokens,
                  lookup_accepted_tokens=msg.lookup_accepted_tokens,
-                 lookup_miss_predrafts=msg.lookup_miss_predrafts,
-                 lookup_miss_hits=msg.lookup_miss_hits, guess_rounds=msg.guess_rounds,
+                 guess_rounds=msg.guess_rounds,
                  guess_rejections=msg.guess_rejections,
                  guess_bonus_misses=msg.guess_bonus_misses)
 
@@ -61,8 +60,7 @@ def stats_to_proto(stats: Stats) -> generate_pb2.GenerationStats:
         mean_head_size=stats.mean_head_size, lookup_rounds=stats.lookup_rounds,
         lookup_drafted_tokens=stats.lookup_drafted_tokens,
         lookup_accepted_tokens=stats.lookup_accepted_tokens,
-        lookup_miss_predrafts=stats.lookup_miss_predrafts,
-        lookup_miss_hits=stats.lookup_miss_hits, guess_rounds=stats.guess_rounds,
+        guess_rounds=stats.guess_rounds,
         guess_rejections=stats.guess_rejections, guess_bonus_misses=stats.guess_bonus_misses)
 
 

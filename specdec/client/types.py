@@ -47,9 +47,6 @@ class Stats:
     lookup_rounds: int = 0
     lookup_drafted_tokens: int = 0
     lookup_accepted_tokens: int = 0
-    # Pre-drafts of the branch where a look-up round's first draft is rejected, and hits.
-    lookup_miss_predrafts: int = 0
-    lookup_miss_hits: int = 0
     # Rounds that started an all-accepted pre-draft, and how many rejected a draft or
     # accepted all with another bonus than the draft's guess.
     guess_rounds: int = 0

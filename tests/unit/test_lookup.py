@@ -214,23 +214,38 @@ def test_hybrid_uses_a_long_match_while_the_models_acceptance_is_unknown():
     assert d.choose(Lookup([1], 3, 0.1), False) == LOOKUP
     # a short match, and nothing known of the model yet: the model
     assert d.choose(Lookup([1, 2, 3], 2, 2.9), False) == MODEL
-    # the model's drafts are ready: it keeps the chain unless the look-up promises more
+    # the model's drafts are ready and nothing is known: keep the pipeline's chain
     assert d.choose(Lookup([1], 3, 0.1), True) == MODEL
 
 
 def test_hybrid_compares_expected_tokens_per_cost():
-    d = drafters(min_match=5, fresh_round_cost=2.5)
-    d.observe(MODEL, 4, 2)
-    # model drafts already pre-drafted: the look-up must promise CHAIN_MARGIN more
-    assert d.choose(Lookup([1, 2, 3, 4], 2, 3.5), True) == LOOKUP
-    assert d.choose(Lookup([1, 2, 3, 4], 2, 2.5), True) == MODEL
-    # the model must Propose first: a look-up round costs 1/2.5 of that round
-    d.observe(MODEL, 4, 4)  # moving average of accepted drafts: 2.6
-    assert d.model_accepted == pytest.approx(2.6)
-    assert d.choose(Lookup([1], 1, 0.5), False) == LOOKUP  # 1.5 * 2.5 > 3.6
-    assert d.choose(Lookup([1], 1, 0.4), False) == MODEL  # 1.4 * 2.5 < 3.6
+    d = drafters(min_match=5, verify_cost=0.1, ready_round_cost=2.0, fresh_round_cost=3.0)
+    d.observe(MODEL, 4, 3)
+    assert d.model_accepted == pytest.approx(3.0)  # the first observation
+    # The model must Propose first: 4 tokens for 3.0 (1.33 a unit) against, for a
+    # look-up of 4 drafts, (1 + expected) / 1.4.
+    assert d.choose(Lookup([1, 2, 3, 4], 2, 0.9), False) == LOOKUP  # 1.36 a unit
+    assert d.choose(Lookup([1, 2, 3, 4], 2, 0.8), False) == MODEL  # 1.29 a unit
+    # The model's drafts are ready: 4 tokens for 2.0 (2 a unit). The look-up also pays
+    # for the chain it breaks when a draft is rejected: (3 - 2) (1 - a^4), a = 0.95 for
+    # an 8-token match with one continuation (the prior).
+    a = Acceptance().rate(8)
+    assert a == pytest.approx(0.95)
+    chain = 1 - a ** 4
+    need = 2.0 * (1.4 + chain) - 1  # expected accepted drafts to tie
+    assert d.choose(Lookup([1, 2, 3, 4], 8, need + 0.01), True) == LOOKUP
+    assert d.choose(Lookup([1, 2, 3, 4], 8, need - 0.01), True) == MODEL
+    # the same proposal without a ready pre-draft: no chain to break, the look-up wins
+    assert d.choose(Lookup([1, 2, 3, 4], 8, need - 0.01), False) == LOOKUP
     # the choice depends on tokens only: the same state gives the same answer
-    assert d.choose(Lookup([1], 1, 0.5), False) == LOOKUP
+    assert d.choose(Lookup([1, 2, 3, 4], 8, need + 0.01), True) == LOOKUP
+
+
+def test_long_unique_matches_start_with_a_high_prior():
+    acc = Acceptance()
+    rates = [acc.rate(m) for m in range(1, 10)]
+    assert rates == sorted(rates) and rates[-1] > 0.9  # longer matches copy more surely
+    assert all(acc.rate(m, unique=False) < acc.rate(m) for m in range(1, 10))
 
 
 def test_finished_output_joins_the_tenants_cache():
