@@ -255,7 +255,8 @@ class Generation:
             if self.policy.confidence_exit and self.draft is not None and contrastive is None \
             else None
         self.drafters = Drafters(self.policy.drafter, prompt, loop.lookup,
-                                 self.draft is not None, loop.output_cache, tenant) \
+                                 self.draft is not None, loop.output_cache, tenant,
+                                 sampling.greedy) \
             if speculative and loop.drafts_by_lookup else None
 
     @property

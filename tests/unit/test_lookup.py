@@ -246,6 +246,8 @@ def test_long_unique_matches_start_with_a_high_prior():
     rates = [acc.rate(m) for m in range(1, 10)]
     assert rates == sorted(rates) and rates[-1] > 0.9  # longer matches copy more surely
     assert all(acc.rate(m, unique=False) < acc.rate(m) for m in range(1, 10))
+    sampled = Acceptance(greedy=False)  # p(x) accepts a copy less surely than argmax
+    assert all(sampled.rate(m) <= acc.rate(m) for m in range(1, 10))
 
 
 def test_finished_output_joins_the_tenants_cache():
