@@ -112,6 +112,11 @@ class CoordinatorReplica:
         logging.basicConfig(level=config.get("log_level", "INFO"))
         cfg = CoordinatorConfig(**with_environment(config))
         self.service = build_service(cfg)
+        if cfg.expose_replicas:
+            import ray
+
+            self.service.served_by = (serve.get_replica_context().replica_id.unique_id,
+                                      ray.util.get_node_ip_address())
         self.metrics = start_metrics(cfg.metrics_port, self.service)
         # A round blocks its thread for a whole Propose + Verify: asyncio's default pool
         # (min(32, CPUs + 4) threads: 6 on two cores) would serialise generations past
@@ -241,11 +246,15 @@ def application(args: dict):
         "min_replicas": config["min_replicas"],
         "max_replicas": config["max_replicas"],
         "target_ongoing_requests": config["target_ongoing_requests"],
+        "upscale_delay_s": config["upscale_delay"],
+        "downscale_delay_s": config["downscale_delay"],
     }
-    return Coordinator.options(
-        autoscaling_config=autoscaling,
-        max_ongoing_requests=max_ongoing_requests(config["max_concurrency"]),
-    ).bind(config)
+    options = dict(autoscaling_config=autoscaling,
+                   max_ongoing_requests=max_ongoing_requests(config["max_concurrency"]),
+                   graceful_shutdown_timeout_s=config["graceful_shutdown_timeout"])
+    if config["max_replicas_per_node"] > 0:
+        options["max_replicas_per_node"] = config["max_replicas_per_node"]
+    return Coordinator.options(**options).bind(config)
 
 
 def max_ongoing_requests(max_concurrency: int) -> int:

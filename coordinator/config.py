@@ -62,6 +62,11 @@ class CoordinatorConfig:
     min_replicas: int = 1
     max_replicas: int = 1
     target_ongoing_requests: float = 8.0
+    upscale_delay: float = 30.0  # Serve's defaults
+    downscale_delay: float = 600.0
+    max_replicas_per_node: int = 0  # 0 = no cap
+    graceful_shutdown_timeout: float = 660.0  # a draining replica's generations finish
+    expose_replicas: bool = False  # GenerationStats say who served (internal names)
     metrics_port: int = 0  # 0 = no metrics; each Serve replica serves its own
     log_level: str = "INFO"
 
@@ -255,6 +260,26 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--target-ongoing-requests", type=float, default=8.0,
                    help="Serve autoscaling: ongoing requests per replica to aim for "
                         "(default: %(default)s)")
+    p.add_argument("--upscale-delay", type=float, default=30.0, metavar="SECONDS",
+                   help="Serve autoscaling: how long ongoing requests must stay above the "
+                        "target before a replica is added (default: %(default)s)")
+    p.add_argument("--downscale-delay", type=float, default=600.0, metavar="SECONDS",
+                   help="Serve autoscaling: how long they must stay below it before one is "
+                        "removed (default: %(default)s)")
+    p.add_argument("--max-replicas-per-node", type=int, default=0,
+                   help="Serve: at most this many coordinator replicas on one Ray node, so "
+                        "that replicas spread over nodes; 0 = no cap (default: %(default)s)")
+    p.add_argument("--graceful-shutdown-timeout", type=float, default=660.0,
+                   metavar="SECONDS",
+                   help="Serve: how long a replica being removed (scale-down, redeploy) "
+                        "keeps serving the generations it has before it is stopped; "
+                        "new ones go elsewhere at once. Above --request-timeout, no "
+                        "generation is cut (default: %(default)s)")
+    p.add_argument("--expose-replicas", action="store_true",
+                   help="fill each generation's stats (gRPC GenerationStats, OpenAI "
+                        "usage.specdec) with the coordinator replica and Ray node that "
+                        "served it and the draft and target replicas it was pinned to; "
+                        "off, no internal name reaches clients (default: off)")
     p.add_argument("--metrics-port", type=int, default=0,
                    help="each coordinator replica serves Prometheus metrics at "
                         "http://0.0.0.0:PORT/metrics (a replica finding it taken, e.g. a "

@@ -70,8 +70,13 @@ class Plan:
 
 class GenerationService:
     def __init__(self, loop: SpeculativeLoop, tokenizer, limits: Limits,
-                 eos_token_ids: list[int], card: ModelCard | None = None):
+                 eos_token_ids: list[int], card: ModelCard | None = None,
+                 expose_replicas: bool = False):
         self.loop = loop
+        # --expose-replicas: stats name who served; served_by is (Serve replica, Ray node),
+        # set by coordinator.app (empty in a process without Serve).
+        self.expose_replicas = expose_replicas
+        self.served_by = ("", "")
         self.card = card or ModelCard("specdec", "unknown", None, limits.max_context,
                                       limits.default_k)
         self.tokenizer = tokenizer
@@ -238,8 +243,16 @@ class GenerationService:
             add_chunk(resp, chunk)
         return resp
 
+    def _stats(self, plan: Plan, generated: int, s: LoopStats) -> generate_pb2.GenerationStats:
+        stats = self._counts(plan, generated, s)
+        if self.expose_replicas:
+            stats.coordinator_replica, stats.coordinator_node = self.served_by
+            stats.draft_replicas.extend(s.draft_replicas)
+            stats.target_replicas.extend(s.target_replicas)
+        return stats
+
     @staticmethod
-    def _stats(plan: Plan, generated: int, s: LoopStats) -> generate_pb2.GenerationStats:
+    def _counts(plan: Plan, generated: int, s: LoopStats) -> generate_pb2.GenerationStats:
         return generate_pb2.GenerationStats(
             prompt_tokens=len(plan.prompt_ids), generated_tokens=generated, rounds=s.rounds,
             drafted_tokens=s.drafted_tokens, accepted_tokens=s.accepted_tokens,

@@ -66,6 +66,7 @@ class Link:
         if replica is None:
             return False
         self.replica, self.view = replica, CacheView()
+        self.record.pinned(self.rpc_name, replica.address)
         return True
 
     def plan(self, committed: TokenPrefix, min_new: int = 1) -> SyncRequest:

@@ -43,8 +43,19 @@ def usage(stats: generate_pb2.GenerationStats) -> dict:
             "lookup_rounds": stats.lookup_rounds,  # drafted by the model-free look-up
             "lookup_drafted_tokens": stats.lookup_drafted_tokens,
             "lookup_accepted_tokens": stats.lookup_accepted_tokens,
+            **served_by(stats),
         },
     }
+
+
+def served_by(stats: generate_pb2.GenerationStats) -> dict:
+    """Who served the generation, when the coordinator says (--expose-replicas)."""
+    if not (stats.coordinator_replica or stats.target_replicas):
+        return {}
+    return {"coordinator_replica": stats.coordinator_replica or None,
+            "coordinator_node": stats.coordinator_node or None,
+            "draft_replicas": list(stats.draft_replicas),
+            "target_replicas": list(stats.target_replicas)}
 
 
 def tokens(chunk) -> dict:

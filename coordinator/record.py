@@ -43,6 +43,9 @@ class LoopStats:
     guess_rounds: int = 0
     guess_rejections: int = 0
     guess_bonus_misses: int = 0
+    # The replicas the generation was pinned to, in order (a re-pin adds one).
+    draft_replicas: list[str] = field(default_factory=list)
+    target_replicas: list[str] = field(default_factory=list)
 
     @property
     def mean_head_size(self) -> float:
@@ -136,6 +139,12 @@ class Recorder:
         self.stats.guess_rounds += 1
         self.stats.guess_rejections += rejected
         self.stats.guess_bonus_misses += (not rejected) and other_bonus
+
+    def pinned(self, rpc: str, address: str) -> None:
+        """The generation was pinned to the replica at `address` of the draft
+        ("propose") or the target ("verify")."""
+        (self.stats.draft_replicas if rpc == "propose" else
+         self.stats.target_replicas).append(address)
 
     def predraft_started(self) -> None:
         self.stats.predrafts_started += 1

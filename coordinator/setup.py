@@ -152,4 +152,5 @@ def build_service(cfg: CoordinatorConfig) -> GenerationService:
     card = ModelCard(cfg.served_model_name or ref.model_id, ref.model_id,
                      d_ref.model_id if d_ref is not None else None, limits.max_context,
                      limits.default_k)
-    return GenerationService(loop, tokenizer, limits, eos, card)
+    return GenerationService(loop, tokenizer, limits, eos, card,
+                             expose_replicas=cfg.expose_replicas)

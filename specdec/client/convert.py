@@ -32,7 +32,11 @@ def stats_from_proto(msg: generate_pb2.GenerationStats) -> Stats:
                  lookup_accepted_tokens=msg.lookup_accepted_tokens,
                  guess_rounds=msg.guess_rounds,
                  guess_rejections=msg.guess_rejections,
-                 guess_bonus_misses=msg.guess_bonus_misses)
+                 guess_bonus_misses=msg.guess_bonus_misses,
+                 coordinator_replica=msg.coordinator_replica,
+                 coordinator_node=msg.coordinator_node,
+                 draft_replicas=tuple(msg.draft_replicas),
+                 target_replicas=tuple(msg.target_replicas))
 
 
 def chunk_from_proto(msg: generate_pb2.GenerateChunk) -> Chunk:
@@ -61,7 +65,9 @@ def stats_to_proto(stats: Stats) -> generate_pb2.GenerationStats:
         lookup_drafted_tokens=stats.lookup_drafted_tokens,
         lookup_accepted_tokens=stats.lookup_accepted_tokens,
         guess_rounds=stats.guess_rounds,
-        guess_rejections=stats.guess_rejections, guess_bonus_misses=stats.guess_bonus_misses)
+        guess_rejections=stats.guess_rejections, guess_bonus_misses=stats.guess_bonus_misses,
+        coordinator_replica=stats.coordinator_replica, coordinator_node=stats.coordinator_node,
+        draft_replicas=stats.draft_replicas, target_replicas=stats.target_replicas)
 
 
 def chunk_to_proto(chunk: Chunk) -> generate_pb2.GenerateChunk:

@@ -52,6 +52,12 @@ class Stats:
     guess_rounds: int = 0
     guess_rejections: int = 0
     guess_bonus_misses: int = 0
+    # Who served it (only from a coordinator run with --expose-replicas): the coordinator
+    # replica and Ray node, and the draft and target replicas it was pinned to, in order.
+    coordinator_replica: str = ""
+    coordinator_node: str = ""
+    draft_replicas: tuple[str, ...] = ()
+    target_replicas: tuple[str, ...] = ()
 
     @property
     def acceptance_rate(self) -> float | None:
