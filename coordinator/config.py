@@ -20,6 +20,7 @@ DEFAULT_HTTP_PORT = 8000
 class CoordinatorConfig:
     draft: str = ""  # comma-separated host:port list; "" = no draft (target-only)
     target: str = "127.0.0.1:50052"
+    dns_refresh: float = 5.0  # seconds between lookups of dns: entries
     host: str = "127.0.0.1"
     port: int = DEFAULT_PORT
     http_host: str = "127.0.0.1"
@@ -117,6 +118,10 @@ def parser() -> argparse.ArgumentParser:
                         "target-only decoding")
     p.add_argument("--target", default="127.0.0.1:50052", metavar="ADDR[,ADDR...]",
                    help="target service replicas (default: %(default)s)")
+    p.add_argument("--dns-refresh", type=float, default=5.0, metavar="SECONDS",
+                   help="how often dns:NAME:PORT entries of --draft/--target are resolved "
+                        "again (a pool with no usable replica resolves at once) "
+                        "(default: %(default)s)")
     p.add_argument("--host", default="127.0.0.1",
                    help="where clients reach the gRPC port (for logs; Ray Serve's proxy "
                         "listens on all interfaces) (default: %(default)s)")

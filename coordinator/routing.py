@@ -121,6 +121,10 @@ class DnsAddresses:
         """Its pods are dialled by IP; their certificate names the DNS name."""
         return self.host if address in self._cached else None
 
+    def expire(self) -> None:
+        """The next `addresses()` resolves again, whatever the refresh period."""
+        self._at = float("-inf")
+
 
 @dataclass
 class CombinedAddresses:
@@ -135,6 +139,17 @@ class CombinedAddresses:
     def server_name(self, address: str) -> str | None:
         names = (server_name(source, address) for source in self.sources)
         return next((name for name in names if name), None)
+
+    def expire(self) -> None:
+        for source in self.sources:
+            expire(source)
+
+
+def expire(source: AddressSource) -> None:
+    """Make a source that caches (DNS) look again at its next `addresses()`."""
+    how = getattr(source, "expire", None)
+    if how is not None:
+        how()
 
 
 def address_source(text: str, refresh_s: float = 5.0) -> AddressSource:
@@ -226,7 +241,16 @@ class Router:
                     self._replicas[address] = Replica(address, client)
 
     def acquire(self, exclude: Sequence[str] = ()) -> Replica | None:
-        """Pin a generation to the least-loaded healthy replica (None if there is none)."""
+        """Pin a generation to the least-loaded healthy replica (None if there is none).
+        With none, a DNS source resolves again at once (a rollout's new pod may already be
+        listed) before giving up."""
+        best = self._acquire(exclude)
+        if best is None:
+            expire(self.source)
+            best = self._acquire(exclude)
+        return best
+
+    def _acquire(self, exclude: Sequence[str]) -> Replica | None:
         self._refresh()
         with self._lock:
             live = set(self.source.addresses())

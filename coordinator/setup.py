@@ -107,8 +107,8 @@ def build_service(cfg: CoordinatorConfig) -> GenerationService:
     tls = client_tls(cfg.tls_ca, cfg.tls_cert, cfg.tls_key, cfg.tls_server_name)
     if tls is not None:
         log.info("draft and target over %s", tls.summary())
-    target = Router(address_source(cfg.target), target_client, tls=tls)
-    draft = Router(address_source(cfg.draft), draft_client, tls=tls) \
+    target = Router(address_source(cfg.target, cfg.dns_refresh), target_client, tls=tls)
+    draft = Router(address_source(cfg.draft, cfg.dns_refresh), draft_client, tls=tls) \
         if cfg.draft.strip() else None
     if not cfg.target.strip():
         raise ValueError("no target address given (--target host:port[,host:port...])")

@@ -117,3 +117,19 @@ def test_a_new_replica_with_another_tokenizer_is_refused(two_targets, caplog):
     router._refused[second] = 0.0  # (skip the 30 s wait)
     assert {r.address for r in router.replicas()} == {first, second}
     assert router.acquire().address == second  # least loaded now
+
+
+def test_a_pool_with_no_usable_replica_resolves_again_at_once(two_targets):
+    """A rollout's new pod is listed before the old one is gone: when the replicas known
+    are all excluded or down, the router looks the name up again instead of waiting out
+    the refresh period."""
+    (_, first, _), (_, second, _) = two_targets
+    resolver = StubResolver([first])
+    source = DnsAddresses("specdec-target.default.svc", 50052, refresh_s=3600,
+                          resolver=resolver)
+    router = Router(source, TargetClient)
+    assert router.acquire().address == first
+    resolver.answer = [first, second]  # a new replica, not seen yet (refresh: an hour)
+    replica = router.acquire(exclude=[first])
+    assert replica is not None and replica.address == second
+    assert resolver.calls == 2
