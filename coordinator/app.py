@@ -248,6 +248,8 @@ def application(args: dict):
         "target_ongoing_requests": config["target_ongoing_requests"],
         "upscale_delay_s": config["upscale_delay"],
         "downscale_delay_s": config["downscale_delay"],
+        "look_back_period_s": config["autoscale_look_back"],
+        "metrics_interval_s": min(10.0, config["autoscale_look_back"] / 2),
     }
     options = dict(autoscaling_config=autoscaling,
                    max_ongoing_requests=max_ongoing_requests(config["max_concurrency"]),

@@ -65,6 +65,7 @@ class CoordinatorConfig:
     target_ongoing_requests: float = 8.0
     upscale_delay: float = 30.0  # Serve's defaults
     downscale_delay: float = 600.0
+    autoscale_look_back: float = 30.0  # Serve's look_back_period_s
     max_replicas_per_node: int = 0  # 0 = no cap
     graceful_shutdown_timeout: float = 660.0  # a draining replica's generations finish
     expose_replicas: bool = False  # GenerationStats say who served (internal names)
@@ -271,6 +272,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--downscale-delay", type=float, default=600.0, metavar="SECONDS",
                    help="Serve autoscaling: how long they must stay below it before one is "
                         "removed (default: %(default)s)")
+    p.add_argument("--autoscale-look-back", type=float, default=30.0, metavar="SECONDS",
+                   help="Serve autoscaling: ongoing requests are averaged over this window "
+                        "(replicas report every min(10, this / 2) s) (default: %(default)s)")
     p.add_argument("--max-replicas-per-node", type=int, default=0,
                    help="Serve: at most this many coordinator replicas on one Ray node, so "
                         "that replicas spread over nodes; 0 = no cap (default: %(default)s)")

@@ -35,6 +35,7 @@ import logging
 import os
 import shutil
 import signal
+import socket
 import subprocess
 from collections.abc import Sequence
 from contextlib import ExitStack
@@ -70,6 +71,7 @@ class Lan:
         self.root_dev = f"sdl{self.tag}"[:15]
         self._addresses: dict[str, str] = {}
         self.root_ip = ""
+        self._records: dict[str, dict] = {}
         self._stack = ExitStack()
 
     # -- names and addresses ---------------------------------------------------------
@@ -131,7 +133,8 @@ class Lan:
             folder = ETC_NETNS / ns
             folder.mkdir(parents=True, exist_ok=True)
             self._stack.callback(shutil.rmtree, folder, ignore_errors=True)
-            (folder / "hosts").write_text(BASE_HOSTS)
+            self._records[node] = {}
+            self.set_hosts(node, {})
         log.info("lan %s: %s on %s (root %s)", self.tag, ", ".join(
             f"{n}={a}" for n, a in self._addresses.items()), subnet, self.root_ip)
 
@@ -143,9 +146,13 @@ class Lan:
 
     def set_hosts(self, node: str, records: dict[str, Sequence[str]]) -> None:
         """`node`'s /etc/hosts from now on: each name resolves to its addresses (a
-        name with none is absent). Written in place: the bind mount follows the inode."""
-        lines = [BASE_HOSTS] + [f"{ip} {name}\n" for name, ips in records.items()
-                                for ip in ips]
+        name with none is absent), and the machine's host name to the node's own address
+        (as on a real host: without it, every look-up of it waits for a DNS server the
+        namespace cannot reach). Written in place: the bind mount follows the inode."""
+        self._records[node] = {name: list(ips) for name, ips in records.items()}
+        own = f"{self.address(node)} {socket.gethostname()}\n"
+        lines = [BASE_HOSTS, own] + [f"{ip} {name}\n" for name, ips in records.items()
+                                     for ip in ips]
         with open(ETC_NETNS / self.ns(node) / "hosts", "w") as f:
             f.write("".join(lines))
 
