@@ -18,7 +18,7 @@ TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 TORCH_CUDA  ?= $(if $(filter cu%,$(notdir $(patsubst %/,%,$(TORCH_INDEX)))),1,)
 TORCH_PROBE_S ?= 5
 
-.PHONY: setup protos prepare demo bench bench-quick bench-load test test-fast test-unit test-service test-soak lint clean cuda-check browser
+.PHONY: setup protos prepare demo bench bench-quick bench-load test test-fast test-unit test-service test-soak test-scale lint clean cuda-check browser
 
 setup: $(STAMP) $(GEN)
 
@@ -95,9 +95,16 @@ browser:
 	echo "== installing chromium and chromium-driver (apt-get)"; \
 	apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver
 
-# The whole suite, real-model tests included (CI runs this).
+# The whole suite, real-model tests included (CI runs this), but the scale-out runs.
 test: prepare browser
-	$(PYTEST) tests
+	$(PYTEST) -m "not scale" tests
+
+# Scale-out for real (tests/scale, root for network namespaces): two Ray nodes, the
+# autoscaling ramp, pools of different sizes, rolling replacement; each prints its
+# figures. The full form by default (~15 min); SCALE=short is CI's (~7 min).
+SCALE ?= full
+test-scale: setup
+	SPECDEC_SCALE=$(SCALE) $(PYTEST) -m scale -s tests/scale
 
 # The inner loop: everything but the slow tests.
 test-fast: setup

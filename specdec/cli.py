@@ -87,6 +87,9 @@ def parser() -> argparse.ArgumentParser:
     from specdec.bench.drafters import add_parser as add_bench_drafters
 
     add_bench_drafters(sub)
+    from specdec.scale.cli import add_parser as add_bench_scale
+
+    add_bench_scale(sub)
     return p
 
 

@@ -96,8 +96,9 @@ def multinode(size: Size = SHORT) -> dict:
 
 def autoscale(size: Size = SHORT) -> dict:
     """1 -> peak -> 1 streams against a coordinator with 1..max replicas (target 2
-    ongoing requests each, short delays): replicas over time, the time to scale up and
-    down, and every generation checked."""
+    ongoing requests each, short delays): replicas over time, the time to scale up (until
+    Serve starts a replica, until it runs, until all run) and down, and every generation
+    checked."""
     with Lan(HOSTS) as lan, ExitStack() as stack:
         draft, target = _pair(stack, lan)
         prompts = load.prompts(size.prompts)
@@ -119,6 +120,7 @@ def autoscale(size: Size = SHORT) -> dict:
         time.sleep(size.base_s)
         marks["up"] = time.monotonic()
         streams.resize(size.peak_streams)
+        decided = monitor.wait(lambda s: sum(s["states"].values()) >= 2, 120)
         first = monitor.wait(lambda s: s["running"] >= 2, 120)
         full = monitor.wait(lambda s: s["running"] >= size.max_replicas, 120)
         time.sleep(size.hold_s)
@@ -132,6 +134,7 @@ def autoscale(size: Size = SHORT) -> dict:
         return {
             "min_replicas": 1, "max_replicas": size.max_replicas,
             "streams": [1, size.peak_streams, 1],
+            "scale_up_decided_s": _since(decided, marks["up"]),
             "scale_up_first_s": _since(first, marks["up"]),
             "scale_up_full_s": _since(full, marks["up"]),
             "scale_down_s": _since(back, marks["down"]),
