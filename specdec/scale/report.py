@@ -66,10 +66,27 @@ def rolling(r: dict) -> list[str]:
     return out
 
 
+def sizing(r: dict) -> list[str]:
+    out = [f"- {r['pair']}, {r['max_new_tokens']} new tokens a generation; "
+           f"{_checked(r)}", "",
+           "| mode | streams | tok/s | rounds/s | target verified tok/s | draft proposed "
+           "tok/s | acceptance | target core busy | draft core busy | coordinator CPU "
+           "ms/round | RPCs/round | bytes/round |", "|---" * 12 + "|"]
+    for x in r["rows"]:
+        acc = "-" if x["acceptance"] is None else f"{x['acceptance']:.2f}"
+        out.append(f"| {x['mode']} | {x['streams']} | {x['tok_s']} | {x['rounds_s']} | "
+                   f"{x['verified_tok_s']} | {x['drafted_tok_s']} | {acc} | "
+                   f"{x['busy']['target']:.0%} | {x['busy']['draft']:.0%} | "
+                   f"{x['coordinator_cpu_ms_per_round']} | {x['rpcs_per_round']} | "
+                   f"{x['bytes_per_round']} |")
+    return out
+
+
 SECTIONS = {"multinode": ("Two Ray nodes", multinode),
             "autoscale": ("Serve autoscaling under a ramp", autoscale),
             "pools": ("Pools of different sizes", pools),
-            "rolling": ("Rolling replacement under load", rolling)}
+            "rolling": ("Rolling replacement under load", rolling),
+            "sizing": ("One replica of each piece", sizing)}
 
 
 def markdown(meta: dict, reports: dict) -> str:

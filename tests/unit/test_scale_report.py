@@ -24,6 +24,11 @@ REPORTS = {
     "rolling": dict(replacements=[{"role": "target", "old": "t1", "new": "t3",
                                    "new_ready_s": 11.0, "drain_s": 3.5, "step_s": 17.0}],
                     target_repinned=7, draft_repinned=8, **CHECKED),
+    "sizing": dict(pair="p", max_new_tokens=64, rows=[dict(
+        mode="speculative", streams=4, tok_s=60.0, rounds_s=14.0, verified_tok_s=70.0,
+        drafted_tok_s=56.0, acceptance=0.9, busy={"target": 0.5, "draft": 0.93},
+        coordinator_cpu_ms_per_round=3.2, rpcs_per_round=2.1, bytes_per_round=190)],
+        **CHECKED),
 }
 
 
@@ -36,3 +41,5 @@ def test_every_run_renders_its_figures():
     assert "| t1 | specdec_target_inflight_verify_requests | 4 | 0.5 |" in md
     assert "| target t1 | t3 | 11.0 s | 3.5 s | 17.0 s |" in md
     assert "10 generations checked, 0 errors, 0 outputs changed" in md
+    assert "| speculative | 4 | 60.0 | 14.0 | 70.0 | 56.0 | 0.90 | 50% | 93% | 3.2 | 2.1 " \
+        "| 190 |" in md
