@@ -43,8 +43,10 @@ from pathlib import Path
 
 from specdec import launcher
 from specdec.netns import (
+    _STALE,
     PREFIX,
     NetnsError,
+    _alive,
     _counter,
     _ip,
     _pick_subnet,
@@ -57,6 +59,16 @@ log = logging.getLogger(__name__)
 
 ETC_NETNS = Path("/etc/netns")
 BASE_HOSTS = "127.0.0.1 localhost\n::1 localhost ip6-localhost ip6-loopback\n"
+
+
+def _remove_stale_etc() -> None:
+    """/etc/netns folders a killed run left (specdec-<pid>-... whose pid is gone)."""
+    if not ETC_NETNS.is_dir():
+        return
+    for folder in ETC_NETNS.iterdir():
+        m = _STALE.match(folder.name)
+        if m and not _alive(int(m.group(1))):
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 class Lan:
@@ -93,6 +105,7 @@ class Lan:
         if not ok:
             raise NetnsError(f"network namespaces are not available: {why}")
         cleanup_stale()
+        _remove_stale_etc()
         try:
             self._build()
         except BaseException:
