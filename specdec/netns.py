@@ -42,6 +42,7 @@ import subprocess
 from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
+from pathlib import Path
 
 from specdec import launcher
 
@@ -51,6 +52,7 @@ ROOT = "root"
 PREFIX = "specdec-"
 _STALE = re.compile(rf"^{PREFIX}(\d+)-")
 _POOL = ipaddress.ip_network("10.64.0.0/10")
+ETC_NETNS = Path("/etc/netns")  # `ip netns exec NS` mounts /etc/netns/NS/* over /etc/*
 _counter = itertools.count()
 
 
@@ -134,7 +136,13 @@ def _alive(pid: int) -> bool:
 
 
 def cleanup_stale() -> list[str]:
-    """Delete the namespaces an earlier run left (specdec-<pid>-... whose pid is gone)."""
+    """Delete the namespaces an earlier run left (specdec-<pid>-... whose pid is gone),
+    and the /etc/netns folders such a run made for them (specdec.netns_lan)."""
+    if ETC_NETNS.is_dir():
+        for folder in ETC_NETNS.iterdir():
+            m = _STALE.match(folder.name)
+            if m and not _alive(int(m.group(1))):
+                shutil.rmtree(folder, ignore_errors=True)
     names = [line.split()[0] for line in _ip("netns", "list", check=False).stdout.splitlines()
              if line.strip()]
     gone = [n for n in names if (m := _STALE.match(n)) and not _alive(int(m.group(1)))]
@@ -183,7 +191,70 @@ class Link:
         return (self.a_dev, self.a_ip) if node == self.a else (self.b_dev, self.b_ip)
 
 
-class Network:
+class Namespaces:
+    """What every set of namespaces here shares: names (specdec-<pid>-<n>-<node>), a
+    context manager that builds them on entry (after deleting what killed runs left) and
+    removes everything on exit, and running processes inside. Subclasses build."""
+
+    def __init__(self, nodes: Sequence[str]):
+        self.nodes = list(nodes)
+        self.run_id = next(_counter)
+        self.tag = f"{os.getpid()}-{self.run_id}"
+        self._stack = ExitStack()
+
+    def ns(self, node: str) -> str | None:
+        """The namespace's name (None for ROOT)."""
+        return None if node == ROOT else f"{PREFIX}{self.tag}-{node}"
+
+    def prefix(self, node: str) -> list[str]:
+        """The command prefix that runs a command in `node`'s namespace."""
+        return [] if node == ROOT else [ip_binary() or "ip", "netns", "exec", self.ns(node)]
+
+    def __enter__(self):
+        ok, why = namespaces_permitted()
+        if not ok:
+            raise NetnsError(f"network namespaces are not available: {why}")
+        cleanup_stale()
+        try:
+            self._build()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _build(self) -> None:
+        raise NotImplementedError
+
+    @staticmethod
+    def _delete_ns(name: str) -> None:
+        run = _ip("netns", "del", name, check=False)
+        if run.returncode != 0:
+            log.warning("could not delete network namespace %s: %s", name, run.stderr.strip())
+
+    def close(self) -> None:
+        """Stop what was started here, then delete the namespaces (idempotent)."""
+        self._stack.close()
+
+    def start(self, node: str, module: str, args: Sequence[str], timeout: float = 120.0,
+              env: dict | None = None, name: str | None = None,
+              echo: bool = False) -> launcher.ServiceProcess:
+        """`python -m module args` in `node`'s namespace, once ready (its ready line);
+        stopped (SIGTERM) when the namespaces close, before they go."""
+        proc = launcher.start(module, args, timeout=timeout, echo=echo, env=env,
+                              name=name or f"{module}@{node}", prefix=self.prefix(node))
+        self._stack.callback(proc.stop)
+        log.info("netns: %s ready in %s at %s", name or module, node, proc.address)
+        return proc
+
+    def run(self, node: str, argv: Sequence[str], **kwargs) -> subprocess.CompletedProcess:
+        """subprocess.run(argv) in `node`'s namespace."""
+        return subprocess.run([*self.prefix(node), *argv], **kwargs)
+
+
+class Network(Namespaces):
     """Namespaces for `nodes` joined by `links` (pairs of nodes, ROOT allowed); a context
     manager that builds them on entry and removes everything on exit."""
 
@@ -193,24 +264,13 @@ class Network:
             for node in (a, b):
                 if node != ROOT and node not in nodes:
                     raise ValueError(f"link {a}-{b}: {node!r} is not one of the nodes")
-        self.nodes = list(nodes)
+        super().__init__(nodes)
         self.pairs = [tuple(x) for x in links]
         self.default_routes = dict(default_routes or {})
-        self.run_id = next(_counter)
-        self.tag = f"{os.getpid()}-{self.run_id}"
         self.links: list[Link] = []
         self.subnet: ipaddress.IPv4Network | None = None
-        self._stack = ExitStack()
 
     # -- names and addresses ---------------------------------------------------------
-
-    def ns(self, node: str) -> str | None:
-        """The namespace's name (None for ROOT)."""
-        return None if node == ROOT else f"{PREFIX}{self.tag}-{node}"
-
-    def prefix(self, node: str) -> list[str]:
-        """The command prefix that runs a command in `node`'s namespace."""
-        return [] if node == ROOT else [ip_binary() or "ip", "netns", "exec", self.ns(node)]
 
     def link(self, a: str, b: str) -> Link:
         for link in self.links:
@@ -225,22 +285,7 @@ class Network:
     def addresses(self) -> list[str]:
         return [ip for link in self.links for ip in (link.a_ip, link.b_ip)]
 
-    # -- building and teardown -------------------------------------------------------
-
-    def __enter__(self) -> Network:
-        ok, why = namespaces_permitted()
-        if not ok:
-            raise NetnsError(f"network namespaces are not available: {why}")
-        cleanup_stale()
-        try:
-            self._build()
-        except BaseException:
-            self.close()
-            raise
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
+    # -- building --------------------------------------------------------------------
 
     def _build(self) -> None:
         # Runs at once have nearby pids: consecutive pids get different /24s.
@@ -281,32 +326,7 @@ class Network:
     def _in(self, node: str, *args: str) -> subprocess.CompletedProcess:
         return _ip(*([] if node == ROOT else ["-n", self.ns(node)]), *args)
 
-    @staticmethod
-    def _delete_ns(name: str) -> None:
-        run = _ip("netns", "del", name, check=False)
-        if run.returncode != 0:
-            log.warning("could not delete network namespace %s: %s", name, run.stderr.strip())
-
-    def close(self) -> None:
-        """Stop what was started here, then delete the namespaces (idempotent)."""
-        self._stack.close()
-
-    # -- running things inside -------------------------------------------------------
-
-    def start(self, node: str, module: str, args: Sequence[str], timeout: float = 120.0,
-              env: dict | None = None, name: str | None = None,
-              echo: bool = False) -> launcher.ServiceProcess:
-        """`python -m module args` in `node`'s namespace, once ready (its ready line);
-        stopped (SIGTERM) when the network closes, before the namespaces go."""
-        proc = launcher.start(module, args, timeout=timeout, echo=echo, env=env,
-                              name=name or f"{module}@{node}", prefix=self.prefix(node))
-        self._stack.callback(proc.stop)
-        log.info("netns: %s ready in %s at %s", name or module, node, proc.address)
-        return proc
-
-    def run(self, node: str, argv: Sequence[str], **kwargs) -> subprocess.CompletedProcess:
-        """subprocess.run(argv) in `node`'s namespace."""
-        return subprocess.run([*self.prefix(node), *argv], **kwargs)
+    # -- latency on a link -----------------------------------------------------------
 
     def set_rtt(self, a: str, b: str, rtt_ms: float, jitter_ms: float = 0.0) -> None:
         """netem on both ends of the a-b link: RTT/2 (+ jitter/2) each way; 0 removes it.

@@ -38,91 +38,42 @@ import signal
 import socket
 import subprocess
 from collections.abc import Sequence
-from contextlib import ExitStack
-from pathlib import Path
 
-from specdec import launcher
 from specdec.netns import (
-    _STALE,
-    PREFIX,
-    NetnsError,
-    _alive,
-    _counter,
+    ETC_NETNS,
+    Namespaces,
     _ip,
     _pick_subnet,
-    cleanup_stale,
-    ip_binary,
-    namespaces_permitted,
 )
 
 log = logging.getLogger(__name__)
 
-ETC_NETNS = Path("/etc/netns")
 BASE_HOSTS = "127.0.0.1 localhost\n::1 localhost ip6-localhost ip6-loopback\n"
 
 
-def _remove_stale_etc() -> None:
-    """/etc/netns folders a killed run left (specdec-<pid>-... whose pid is gone)."""
-    if not ETC_NETNS.is_dir():
-        return
-    for folder in ETC_NETNS.iterdir():
-        m = _STALE.match(folder.name)
-        if m and not _alive(int(m.group(1))):
-            shutil.rmtree(folder, ignore_errors=True)
-
-
-class Lan:
+class Lan(Namespaces):
     """Namespaces for `nodes` on one bridged /24 with the root namespace; a context
     manager that builds them on entry and removes everything on exit."""
 
     def __init__(self, nodes: Sequence[str]):
         if len(set(nodes)) != len(nodes) or "lan" in nodes:
             raise ValueError(f"node names must be distinct and not 'lan': {list(nodes)}")
-        self.nodes = list(nodes)
-        self.tag = f"{os.getpid()}-{next(_counter)}"
+        super().__init__(nodes)
         self.root_dev = f"sdl{self.tag}"[:15]
         self._addresses: dict[str, str] = {}
         self.root_ip = ""
-        self._records: dict[str, dict] = {}
-        self._stack = ExitStack()
-
-    # -- names and addresses ---------------------------------------------------------
-
-    def ns(self, node: str) -> str:
-        return f"{PREFIX}{self.tag}-{node}"
-
-    def prefix(self, node: str) -> list[str]:
-        return [ip_binary() or "ip", "netns", "exec", self.ns(node)]
 
     def address(self, node: str) -> str:
         """`node`'s address on the LAN (every node and the caller reach it)."""
         return self._addresses[node]
 
-    # -- building and teardown -------------------------------------------------------
-
-    def __enter__(self) -> Lan:
-        ok, why = namespaces_permitted()
-        if not ok:
-            raise NetnsError(f"network namespaces are not available: {why}")
-        cleanup_stale()
-        _remove_stale_etc()
-        try:
-            self._build()
-        except BaseException:
-            self.close()
-            raise
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
     def _build(self) -> None:
-        subnet = _pick_subnet(os.getpid() + int(self.tag.split("-")[1]) * 4099)
+        subnet = _pick_subnet(os.getpid() + self.run_id * 4099)
         hosts = [str(h) for h in subnet.hosts()]
         switch = self.ns("lan")
         for ns in [switch] + [self.ns(n) for n in self.nodes]:
             _ip("netns", "add", ns)
-            self._stack.callback(_ip, "netns", "del", ns, check=False)
+            self._stack.callback(self._delete_ns, ns)
             _ip("-n", ns, "link", "set", "lo", "up")
         _ip("-n", switch, "link", "add", "br0", "type", "bridge")
         _ip("-n", switch, "link", "set", "br0", "up")
@@ -146,14 +97,9 @@ class Lan:
             folder = ETC_NETNS / ns
             folder.mkdir(parents=True, exist_ok=True)
             self._stack.callback(shutil.rmtree, folder, ignore_errors=True)
-            self._records[node] = {}
             self.set_hosts(node, {})
         log.info("lan %s: %s on %s (root %s)", self.tag, ", ".join(
             f"{n}={a}" for n, a in self._addresses.items()), subnet, self.root_ip)
-
-    def close(self) -> None:
-        """Stop what was started here, then delete the namespaces (idempotent)."""
-        self._stack.close()
 
     # -- names -----------------------------------------------------------------------
 
@@ -162,7 +108,6 @@ class Lan:
         name with none is absent), and the machine's host name to the node's own address
         (as on a real host: without it, every look-up of it waits for a DNS server the
         namespace cannot reach). Written in place: the bind mount follows the inode."""
-        self._records[node] = {name: list(ips) for name, ips in records.items()}
         own = f"{self.address(node)} {socket.gethostname()}\n"
         lines = [BASE_HOSTS, own] + [f"{ip} {name}\n" for name, ips in records.items()
                                      for ip in ips]
@@ -171,35 +116,24 @@ class Lan:
 
     # -- running things inside -------------------------------------------------------
 
-    def start(self, node: str, module: str, args: Sequence[str], timeout: float = 120.0,
-              env: dict | None = None, name: str | None = None,
-              echo: bool = False) -> launcher.ServiceProcess:
-        """`python -m module args` in `node`, once ready (its ready line); stopped
-        (SIGTERM) at teardown unless stopped before."""
-        proc = launcher.start(module, args, timeout=timeout, echo=echo, env=env,
-                              name=name or f"{module}@{node}", prefix=self.prefix(node))
-        self._stack.callback(proc.stop)
-        return proc
-
     def popen(self, node: str, argv: Sequence[str], env: dict | None = None,
               **kwargs) -> subprocess.Popen:
-        """Any command in `node` (in its own process group), killed at teardown if it is
-        still running."""
+        """Any command in `node` (in its own process group), stopped at teardown if it is
+        still running (`stop_group`)."""
         proc = subprocess.Popen([*self.prefix(node), *argv], start_new_session=True,
                                 env={**os.environ, **(env or {})}, **kwargs)
-
-        def stop() -> None:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-                try:
-                    proc.wait(30)
-                except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait()
-
-        self._stack.callback(stop)
+        self._stack.callback(stop_group, proc)
         return proc
 
-    def run(self, node: str, argv: Sequence[str], **kwargs) -> subprocess.CompletedProcess:
-        """subprocess.run(argv) in `node`."""
-        return subprocess.run([*self.prefix(node), *argv], **kwargs)
+
+def stop_group(proc: subprocess.Popen, timeout: float = 30.0) -> None:
+    """SIGTERM a `Lan.popen` process's whole group, SIGKILL it after `timeout` seconds;
+    nothing if it has exited."""
+    if proc.poll() is not None:
+        return
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from specdec import launcher
-from specdec.netns_lan import Lan
+from specdec.netns_lan import Lan, stop_group
 
 log = logging.getLogger(__name__)
 
@@ -74,9 +74,7 @@ class Samples:
                 self._cond.wait(min(left, 1.0))
 
     def stop(self) -> list[dict]:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, 15)
-            self.proc.wait(30)
+        stop_group(self.proc)
         return list(self.items)
 
 
@@ -180,16 +178,10 @@ class RayCluster:
         return f"{self.lan.address(node)}:{COORD_PORT}"
 
     def close(self) -> None:
-        """Stop the nodes (workers first); the LAN's teardown would too."""
+        """Stop the nodes (workers first, as the LAN's teardown would too)."""
         for node in [*self.workers, self.head]:
-            proc = self.procs.get(node)
-            if proc is not None and proc.poll() is None:
-                os.killpg(proc.pid, 15)
-        for proc in self.procs.values():
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, 9)
+            if node in self.procs:
+                stop_group(self.procs[node], timeout=10)
         shutil.rmtree(self.tmp, ignore_errors=True)
 
     def __enter__(self) -> RayCluster:
