@@ -21,11 +21,13 @@ SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 
-
-def _check(address: str, service: str = "") -> int:
+def _check(address: str, service: str = "", wait: bool = False) -> int:
+    """One probe. `wait`: keep trying to connect for up to 10 s, as a kubelet's probe
+    retries (once, in CI, the first probe after the ready line was refused)."""
     with grpc.insecure_channel(address) as channel:
         return health_pb2_grpc.HealthStub(channel).Check(
-            health_pb2.HealthCheckRequest(service=service), timeout=5).status
+            health_pb2.HealthCheckRequest(service=service), timeout=10 if wait else 5,
+            wait_for_ready=wait).status
 
 
 def test_health_port_answers_in_plaintext_and_serves_nothing_else(tmp_path):
@@ -38,7 +40,7 @@ def test_health_port_answers_in_plaintext_and_serves_nothing_else(tmp_path):
     health = f"127.0.0.1:{health_port}"
     try:
         assert f"health-port={health_port}" in proc.output
-        assert _check(health) == SERVING
+        assert _check(health, wait=True) == SERVING
         assert _check(health, "specdec.v1.DraftService") == SERVING
         # The TLS port refuses a plaintext caller, and the health port has no model RPC.
         for address in (proc.address, health):
