@@ -78,7 +78,9 @@ def summarise(samples: list[Sample], temperature: float) -> list[Row]:
         k = row.k
         if group[0].kinds and k:
             _speculative_figures(row, group, k, t1)
-        if group[0].kinds and temperature == 0 and base_by_prompt:
+        # Greedy: specdec's texts and every peer's that reports its ids (GenAI's) must
+        # equal target-only's; a peer's that does not continued something else.
+        if (group[0].kinds or group[0].token_ids) and temperature == 0 and base_by_prompt:
             row.exact = all(s.token_ids == base_by_prompt[s.prompt][0].token_ids
                             for s in group if s.prompt in base_by_prompt)
         rows.append(row)

@@ -86,23 +86,35 @@ class GenAIScenario:
             self.name += ", out-of-the-box precision (no INFERENCE_PRECISION_HINT)"
 
     def run(self, message: str, max_new_tokens: int, sampling: SamplingParams) -> Sample:
+        """One generation from the very token ids specdec's services get (the chat
+        template applied once, by us). Given a string, LLMPipeline.generate applies the
+        model's chat template itself by default (GenerationConfig.apply_chat_template):
+        a second time over ours, which made it continue another prompt than specdec did
+        (on the shipped translation prompt, 96 tokens of a repeated phrase against
+        specdec's 21)."""
+        import numpy as np
+        import openvino as ov
         import openvino_genai as og
 
         gc = og.GenerationConfig()
         gc.max_new_tokens = max_new_tokens
+        gc.apply_chat_template = False
+        gc.eos_token_id = self.tokenizer.eos_token_id
         if self.mode in ("speculative", "lookup"):
             gc.num_assistant_tokens = self.k
         if self.mode == "lookup":
             gc.max_ngram_size = 3
         if not sampling.greedy:
             gc.do_sample, gc.temperature, gc.rng_seed = True, sampling.temperature, sampling.seed
-        text = chat_text(self.tokenizer, message)
+        ids = self.tokenizer(chat_text(self.tokenizer, message), add_special_tokens=False,
+                             return_tensors="np")["input_ids"].astype(np.int64)
         t0 = time.perf_counter()
-        result = self.pipe.generate([text], gc)
+        result = self.pipe.generate(ov.Tensor(ids), gc)
         seconds = time.perf_counter() - t0
+        out = [int(t) for t in result.tokens[0]]
         n = result.perf_metrics.get_num_generated_tokens()
         ttft = result.perf_metrics.get_ttft().mean / 1000.0
-        return Sample(self.name, message, n, seconds, ttft)
+        return Sample(self.name, message, n, seconds, ttft, token_ids=out)
 
     def close(self) -> None:
         self.pipe = None

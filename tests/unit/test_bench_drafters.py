@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from specdec.bench.drafters import against_peers, markdown, summarise
+from specdec.bench.drafters import against_peers, greedy_mismatches, markdown, summarise
 from specdec.bench.harness import Sample
 from specdec.bench.system import BASELINE
 
@@ -50,3 +50,27 @@ def test_rows_give_speedups_per_prompt_group_and_per_drafter_figures():
         command="specdec bench-drafters", date="today", machine="m", prompts=3,
         max_new_tokens=10, repeats=1, temperature=0.0, failed={}, mismatches=["x"]))
     assert "| hybrid |" in md and "4.00x" in md and "NOT EXACT: x" in md
+
+
+def test_greedy_mismatches_split_specdec_failures_from_peers_on_other_text():
+    names = {"m-a": "extraction", "m-b": "code"}
+
+    def ids(scenario, prompt, token_ids, repeat=0):
+        s = Sample(scenario, prompt, len(token_ids), 1.0, token_ids=token_ids)
+        s.repeat = repeat
+        return s
+
+    samples = [ids(BASELINE, "m-a", [1, 2, 3]), ids(BASELINE, "m-b", [4, 5]),
+               ids(BASELINE, "m-a", [1, 2, 3], repeat=1),
+               ids("hybrid", "m-a", [1, 2, 3]), ids("hybrid", "m-b", [4, 6]),
+               ids("hybrid", "m-a", [1, 2], repeat=1),  # stopped early: differs too
+               ids("genai", "m-a", [1, 2, 3]), ids("genai", "m-b", [9, 9, 9]),
+               ids("hf", "m-b", [])]  # reports no ids: not judged
+    ours, peers = greedy_mismatches(samples, ["hybrid"], names)
+    assert ours == ["hybrid on code (repeat 0)", "hybrid on extraction (repeat 1)"]
+    assert peers == ["genai on code (repeat 0)"]
+    md = markdown([], [], dict(
+        command="c", date="d", machine="m", prompts=2, max_new_tokens=3, repeats=2,
+        temperature=0.0, failed={}, mismatches=[], peer_mismatches=peers,
+        peers_checked=True))
+    assert "Every GenAI text equals target-only's, token for token: no: genai on code" in md
