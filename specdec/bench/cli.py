@@ -147,7 +147,8 @@ def run(args: argparse.Namespace) -> int:
     print(md)
     say(f"wrote {out_dir / 'bench.json'}, {out_dir / 'bench.md'}, "
         + ", ".join(str(f) for f in files))
-    bad = [r.scenario for r in rows if r.exact is False]
+    # A peer's text that differs (GenAI in bf16) is reported in the table, not a failure.
+    bad = [r.scenario for r in rows if r.exact is False and r.system]
     if bad:
         print(f"FAILURE: greedy speculative output differs from target-only in: "
               f"{', '.join(bad)}", file=sys.stderr)

@@ -38,7 +38,8 @@ class Row:
     efficiency: float | None = None  # speedup / bound
     wire_bytes_per_round: float | None = None
     coordinator_overhead_ms_per_round: float | None = None
-    exact: bool | None = None  # greedy system runs: ids == target-only ids
+    exact: bool | None = None  # greedy: ids == target-only ids (specdec, and GenAI's)
+    system: bool = False  # specdec through its services (a peer otherwise)
 
 
 def k_of(name: str) -> int | None:
@@ -76,6 +77,7 @@ def summarise(samples: list[Sample], temperature: float) -> list[Row]:
                   max(tps), harness.speedup(samples, name, BASELINE),
                   1000 * statistics.median(ttfts) if ttfts else None)
         k = row.k
+        row.system = bool(group[0].kinds)
         if group[0].kinds and k:
             _speculative_figures(row, group, k, t1)
         # Greedy: specdec's texts and every peer's that reports its ids (GenAI's) must
