@@ -94,7 +94,7 @@ def greedy_mismatches(samples: list[Sample], ours: list[str],
     """Greedy samples whose ids differ from target-only's for the same prompt and
     repeat: specdec's (a failure of exactness) and the peers' that report their ids
     (GenAI's; a peer that continued other text makes its row a comparison on other
-    text). Samples without ids (HF's peers) are not judged."""
+    text). Samples without ids are not judged."""
     ref = {(s.prompt, s.repeat): s.token_ids for s in samples if s.scenario == BASELINE}
     differ = [s for s in samples if s.scenario != BASELINE and s.token_ids
               and s.token_ids != ref.get((s.prompt, s.repeat))]

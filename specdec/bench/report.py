@@ -38,7 +38,7 @@ class Row:
     efficiency: float | None = None  # speedup / bound
     wire_bytes_per_round: float | None = None
     coordinator_overhead_ms_per_round: float | None = None
-    exact: bool | None = None  # greedy: ids == target-only ids (specdec, and GenAI's)
+    exact: bool | None = None  # greedy: ids == target-only ids (specdec, and peers')
     system: bool = False  # specdec through its services (a peer otherwise)
 
 
@@ -78,11 +78,11 @@ def summarise(samples: list[Sample], temperature: float) -> list[Row]:
                   1000 * statistics.median(ttfts) if ttfts else None)
         k = row.k
         row.system = bool(group[0].kinds)
-        if group[0].kinds and k:
+        if row.system and k:
             _speculative_figures(row, group, k, t1)
-        # Greedy: specdec's texts and every peer's that reports its ids (GenAI's) must
-        # equal target-only's; a peer's that does not continued something else.
-        if (group[0].kinds or group[0].token_ids) and temperature == 0 and base_by_prompt:
+        # Greedy: specdec's texts and every peer's that reports its ids must equal
+        # target-only's; a peer's that does not continued something else.
+        if (row.system or group[0].token_ids) and temperature == 0 and base_by_prompt:
             row.exact = all(s.token_ids == base_by_prompt[s.prompt][0].token_ids
                             for s in group if s.prompt in base_by_prompt)
         rows.append(row)

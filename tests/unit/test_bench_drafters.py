@@ -65,7 +65,7 @@ def test_greedy_mismatches_split_specdec_failures_from_peers_on_other_text():
                ids("hybrid", "m-a", [1, 2, 3]), ids("hybrid", "m-b", [4, 6]),
                ids("hybrid", "m-a", [1, 2], repeat=1),  # stopped early: differs too
                ids("genai", "m-a", [1, 2, 3]), ids("genai", "m-b", [9, 9, 9]),
-               ids("hf", "m-b", [])]  # reports no ids: not judged
+               ids("no-ids peer", "m-b", [])]  # reports no ids: not judged
     ours, peers = greedy_mismatches(samples, ["hybrid"], names)
     assert ours == ["hybrid on code (repeat 0)", "hybrid on extraction (repeat 1)"]
     assert peers == ["genai on code (repeat 0)"]

@@ -51,14 +51,14 @@ def test_a_mismatch_is_reported_as_not_exact():
     base = [sample(report.BASELINE, "a", 3, 1.0, [T] * 3, 3, verify=[0.1] * 3, ids=[1, 2, 3])]
     spec = [sample("specdec K=1", "a", 3, 1.0, [A, B, R], 2, propose=[0.1] * 2,
                    verify=[0.1] * 2, ids=[1, 2, 4])]
-    # A peer that reports its ids (GenAI) is judged too, but it is not specdec: a peer
-    # computing in bf16 differs, and the bench reports that rather than failing.
+    # A peer that reports its ids is judged too, but it is not specdec: a peer computing
+    # in bf16 differs, and the bench reports that rather than failing.
     peer = [sample("GenAI plain", "a", 3, 0.9, ids=[1, 2, 5]),
-            Sample("HF plain", "a", 3, 0.9)]
+            Sample("a peer without ids", "a", 3, 0.9)]
     rows = {r.scenario: r for r in report.summarise(base + spec + peer, 0.0)}
     assert rows["specdec K=1"].exact is False and rows["specdec K=1"].system
     assert rows["GenAI plain"].exact is False and not rows["GenAI plain"].system
-    assert rows["HF plain"].exact is None  # no ids: not judged
+    assert rows["a peer without ids"].exact is None  # not judged
 
 
 def test_outputs(tmp_path):
