@@ -87,6 +87,9 @@ def parser() -> argparse.ArgumentParser:
     from specdec.bench.drafters import add_parser as add_bench_drafters
 
     add_bench_drafters(sub)
+    from specdec.bench.pass_width import add_parser as add_bench_pass_width
+
+    add_bench_pass_width(sub)
     from specdec.scale.cli import add_parser as add_bench_scale
 
     add_bench_scale(sub)
