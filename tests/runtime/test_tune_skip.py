@@ -93,17 +93,25 @@ def test_a_study_writes_a_set_the_draft_can_load_and_resumes(folder, home, tmp_p
 
 
 def _finished(home, name_prefix) -> int:
-    import optuna
+    """Finished trials of the study named `name_prefix`..., read straight from the SQLite
+    file, read-only: opening it through optuna while the tuner creates it would run
+    optuna's schema set-up from two processes at once (the tuner then failed once with
+    UNIQUE constraint failed: alembic_version)."""
+    import sqlite3
 
-    from specdec.skip_tune.study import finished, storage_url
+    from specdec.skip_tune.study import DONE_STATES
 
-    storage = storage_url(home / "tune" / "studies.db")
-    try:
-        names = [s.study_name for s in optuna.get_all_study_summaries(storage)]
-    except Exception:  # noqa: BLE001 - the file is not created yet
+    path = home / "tune" / "studies.db"
+    if not path.exists():
         return 0
-    mine = [n for n in names if n.startswith(name_prefix)]
-    return finished(optuna.load_study(study_name=mine[0], storage=storage)) if mine else 0
+    try:
+        with sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5) as db:
+            rows = db.execute(
+                "SELECT t.state FROM trials t JOIN studies s ON s.study_id = t.study_id "
+                "WHERE s.study_name LIKE ?", (name_prefix + "%",)).fetchall()
+    except sqlite3.OperationalError:  # the tables are not there yet, or locked a moment
+        return 0
+    return sum(state in DONE_STATES for (state,) in rows)
 
 
 def test_ctrl_c_keeps_the_finished_trials_and_a_rerun_resumes(folder, tmp_path):
