@@ -43,13 +43,14 @@ def replay(prompt: Sequence[int], text: Sequence[int], pass_ms: Callable[[int], 
     what a pass costs more after one of another width."""
     if not text:
         raise ValueError("nothing to replay: the text is empty")
-    drafters = Drafters("lookup", prompt, settings or LookupSettings(), has_model=False)
+    settings = settings or LookupSettings()
+    drafters = Drafters("lookup", prompt, settings, has_model=False)
     context = list(prompt)
     done = rounds = drafted = accepted = changes = 0
     charged = free = 0.0
     previous = 1
     while done < len(text):
-        found = drafters.lookup(context, settings.max_tokens if settings else 8)
+        found = drafters.lookup(context, settings.max_tokens)
         n = len(found.tokens)
         ok = 0
         while ok < n and done + ok < len(text) and found.tokens[ok] == text[done + ok]:

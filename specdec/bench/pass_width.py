@@ -114,15 +114,15 @@ def _replay_names(text: str) -> list[str]:
     return names
 
 
-def _replays(args, backend, rows: list[dict]) -> list[dict]:
-    """The look-up alone replayed over the target's greedy texts (lookup_replay)."""
+def _replays(args, names: list[str], backend, rows: list[dict]) -> list[dict]:
+    """The look-up alone replayed over the target's greedy texts of the shipped prompts
+    `names` (lookup_replay)."""
     from dataclasses import asdict
 
     from specdec.bench import prompts as bench_prompts
     from specdec.bench.lookup_replay import greedy_texts, replay
     from specdec.runtime.models import load_tokenizer
 
-    names = _replay_names(args.replay)
     shipped = dict(bench_prompts.PROMPTS)
     table = {r["width"]: r["constant_ms"] for r in rows}
     change = statistics.median([r["change_ms"] for r in rows if "change_ms" in r])
@@ -187,8 +187,8 @@ def run(args: argparse.Namespace) -> int:
         print("error: --passes must be >= 2 (an alternating run times both widths)",
               file=sys.stderr)
         return 2
-    _replay_names(args.replay)  # an unknown prompt fails before the model loads
-    if args.replay:  # every width a look-up round can have (up to 8 drafts)
+    replay_names = _replay_names(args.replay)  # an unknown one fails before the model loads
+    if replay_names:  # every width a look-up round can have (up to 8 drafts)
         widths = sorted(set(widths) | set(range(1, LookupSettings().max_tokens + 2)))
     cfg = ModelServiceConfig(model=args.model, backend="openvino", weights=args.weights,
                              inference_precision=args.precision, threads=args.threads)
@@ -197,7 +197,7 @@ def run(args: argparse.Namespace) -> int:
     backend = load_backend(cfg)
     rows = measure(backend, backend.vocab_size, widths, args.passes, args.repeats,
                    args.prompt_tokens)
-    replays = _replays(args, backend, rows) if args.replay else []
+    replays = _replays(args, replay_names, backend, rows) if replay_names else []
     meta = {"command": " ".join(["specdec"] + sys.argv[1:]), "date": time.strftime("%Y-%m-%d"),
             "backend": f"{args.model}, {args.weights} weights, {args.precision}, paged "
                        f"OpenVINO, {args.threads} thread(s), CPU "
