@@ -13,7 +13,7 @@ the next request's keep_len drops rejected drafts or feeds it when all were acce
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -52,6 +52,7 @@ class ProposeArgs(SyncRequest):
     min_p: float = 0.0  # propose only tokens with q >= min_p * max q (0 = off)
     guess_seed: int | None = None  # sampled: the first token by coupled Gumbel-max
     guess_last: bool = False  # ... the last token instead (a speculative round's guess)
+    lead_seed: int | None = None  # sampled: the first token by coupled Gumbel-max
 
 
 @dataclass
@@ -106,6 +107,96 @@ class DraftEngine:
         top_n, top_mass = self.validate(args)
         if cancelled():  # e.g. it waited behind other sessions' work
             raise Cancelled("the client called this request off")
+        with self.model.store.use(args.session_id, args.keep_len, args.keep_digest,
+                                  self._needed(args), busy_wait_s=busy_wait_s) as s:
+            steps = self._start(args, s, top_n, top_mass, cancelled)
+            try:
+                tokens, more = next(steps)
+                while True:
+                    # Steps run in lockstep with other sessions' (specdec.runtime.batching):
+                    # `more` says this session's next step follows at once.
+                    logits = self.model.feed(s, tokens, 1, more=more)[0]
+                    tokens, more = steps.send(logits)
+            except StopIteration as done:
+                result = done.value
+            finally:
+                self.model.done_stepping(s)
+            self._finish(s, args, result)
+        return result
+
+    def propose_batch(self, batch: list[ProposeArgs],
+                      cancelled: Callable[[], bool] = lambda: False,
+                      busy_wait_s: float = 0.0) -> list[ProposeResult | Exception]:
+        """Every item's Propose at once: one forward pass per drafted position for all the
+        items still drafting (an item whose K is smaller, or whose confidence exit fired,
+        leaves the later passes). Per item its result or its own error, exactly what
+        `propose` would have given it alone; a failing item never affects the others."""
+        out: list[ProposeResult | Exception | None] = [None] * len(batch)
+        live: dict[int, tuple] = {}  # item -> (args, session, its steps, what it feeds next)
+        seen: set[str] = set()
+        try:
+            for i, args in enumerate(batch):
+                try:
+                    require(args.session_id not in seen,
+                            f"items[{i}]: session {args.session_id!r} appears twice in one "
+                            "batch; send one item per session")
+                    seen.add(args.session_id)
+                    top_n, top_mass = self.validate(args)
+                    if cancelled():
+                        raise Cancelled("the client called this request off")
+                    s = self.model.store.checkout(args.session_id, args.keep_len,
+                                                  args.keep_digest, self._needed(args),
+                                                  busy_wait_s)
+                except Exception as exc:  # noqa: BLE001 - this item's own status
+                    out[i] = exc
+                    continue
+                steps = self._start(args, s, top_n, top_mass, cancelled)
+                live[i] = (args, s, steps, next(steps))
+            while live:
+                items = list(live.items())
+                fed = self.model.feed_many([(s, tokens, 1)
+                                            for _, (_, s, _, (tokens, _)) in items])
+                for (i, (args, s, steps, _)), (logits, error) in zip(items, fed, strict=True):
+                    try:
+                        if error is not None:
+                            raise error
+                        live[i] = (args, s, steps, steps.send(logits[0]))
+                    except StopIteration as done:
+                        del live[i]
+                        self._finish(s, args, done.value)
+                        self.model.store.put_back(s)
+                        out[i] = done.value
+                    except Exception as exc:  # noqa: BLE001 - this item's own status
+                        del live[i]
+                        self.model.store.drop(s)
+                        out[i] = exc
+        except BaseException:
+            for _, s, _, _ in live.values():
+                self.model.store.drop(s)
+            raise
+        return out
+
+    @staticmethod
+    def _needed(args: ProposeArgs) -> int:
+        """Positions the session holds after the request (the KV budget's reservation)."""
+        return args.keep_len + len(args.new_tokens) + args.num_tokens - 1
+
+    def _start(self, args: ProposeArgs, s, top_n: int, top_mass: float,
+               cancelled: Callable[[], bool]) -> Generator[tuple[list[int], bool],
+                                                           torch.Tensor, ProposeResult]:
+        """Crop a checked-out session to keep_len and return its drafting steps."""
+        self.model.crop(s, args.keep_len)
+        if self.dynamic is not None:
+            self._observe(s, args)
+            self.dynamic.set(self.policy.skip_set())
+        return self._steps(args, s, top_n, top_mass, cancelled)
+
+    def _steps(self, args: ProposeArgs, s, top_n: int, top_mass: float,
+               cancelled: Callable[[], bool]) -> Generator[tuple[list[int], bool],
+                                                           torch.Tensor, ProposeResult]:
+        """One Propose as steps: yields (tokens to feed, whether another step follows),
+        is sent the logits row [V] of the last token fed, and returns the result. The
+        caller feeds (alone or beside other sessions' steps) and keeps the session."""
         params = args.sampling
         # Seeded by the request's content: the same request on the same state gives the
         # same answer (safe to retry), and different prefixes draw independently.
@@ -113,51 +204,42 @@ class DraftEngine:
                         args.fed_digest)
         tokens: list[int] = []
         dists: list[SparseQ] = []
-        needed = args.keep_len + len(args.new_tokens) + args.num_tokens - 1
         k = args.num_tokens
-        with self.model.store.use(args.session_id, args.keep_len, args.keep_digest,
-                                  needed, busy_wait_s=busy_wait_s) as s:
-            if self.dynamic is not None:
-                self._observe(s, args)
-                self.dynamic.set(self.policy.skip_set())
-            try:
-                # Steps run in lockstep with other sessions' (specdec.runtime.batching):
-                # `more` says this session's next step follows at once.
-                logits = self.model.sync(s, args, keep_last=1, more=k > 1)[0]
-                passes = [s.last_pass.seconds]
-                for i in range(k):
-                    if args.keep_logits:
-                        s.keep_rows(s.cached_len, [logits], self.amateur.max_rows)
-                    if params.greedy:
-                        x = argmax(logits[None])[0]
-                        confidence = float(torch.softmax(logits.float(), -1)[x]) \
-                            if args.exit_below > 0 else 1.0
-                    else:
-                        ids, q = truncate(process_logits(logits, params), top_n, top_mass)
-                        if args.min_p > 0:  # q is sorted, most likely first
-                            ids = ids[:int((q >= args.min_p * q[0]).sum())]
-                        # Quantize-Sample-Verify: draw from the counts that are sent
-                        counts = quantise(q[:len(ids)])
-                        coupled = args.guess_seed is not None and \
-                            i == (k - 1 if args.guess_last else 0)
-                        j = coupling.draw(ids, counts.double(), args.guess_seed) \
-                            if coupled else sample_counts(counts, gen)
-                        x, confidence = int(ids[j]), int(counts[j]) / Q_TOTAL
-                        dists.append(SparseQ.quantised(ids, counts))
-                    tokens.append(x)
-                    s.next_token = (s.cached_len, x)  # a read-only Score may ask for it
-                    if i + 1 == k or confidence < args.exit_below or cancelled():
-                        break  # x is returned but not fed: the cache ends before it
-                    logits = self.model.step(s, x, more=i + 2 < k)
-                    passes.append(s.last_pass.seconds)
-            finally:
-                self.model.done_stepping(s)
-            if self.dynamic is not None:
-                s.drafted_with = (self.policy.m, args.keep_len + len(args.new_tokens),
-                                  tuple(tokens), time.perf_counter())
+        logits = yield list(args.new_tokens), k > 1
+        passes = [s.last_pass.seconds]
+        for i in range(k):
+            if args.keep_logits:
+                s.keep_rows(s.cached_len, [logits], self.amateur.max_rows)
+            if params.greedy:
+                x = argmax(logits[None])[0]
+                confidence = float(torch.softmax(logits.float(), -1)[x]) \
+                    if args.exit_below > 0 else 1.0
+            else:
+                ids, q = truncate(process_logits(logits, params), top_n, top_mass)
+                if args.min_p > 0:  # q is sorted, most likely first
+                    ids = ids[:int((q >= args.min_p * q[0]).sum())]
+                # Quantize-Sample-Verify: draw from the counts that are sent
+                counts = quantise(q[:len(ids)])
+                seed = args.lead_seed if i == 0 and args.lead_seed is not None else \
+                    args.guess_seed if i == (k - 1 if args.guess_last else 0) else None
+                j = coupling.draw(ids, counts.double(), seed) \
+                    if seed is not None else sample_counts(counts, gen)
+                x, confidence = int(ids[j]), int(counts[j]) / Q_TOTAL
+                dists.append(SparseQ.quantised(ids, counts))
+            tokens.append(x)
+            s.next_token = (s.cached_len, x)  # a read-only Score may ask for it
+            if i + 1 == k or confidence < args.exit_below or cancelled():
+                break  # x is returned but not fed: the cache ends before it
+            logits = yield [x], i + 2 < k
+            passes.append(s.last_pass.seconds)
         # The first pass may be a prefill; the steps after it say what a token costs.
         steps = passes[1:] or passes
         return ProposeResult(tokens, dists, s.cached_len, sum(steps) / len(steps))
+
+    def _finish(self, s, args: ProposeArgs, result: ProposeResult) -> None:
+        if self.dynamic is not None:
+            s.drafted_with = (self.policy.m, args.keep_len + len(args.new_tokens),
+                              tuple(result.tokens), time.perf_counter())
 
     def _observe(self, s, args: ProposeArgs) -> None:
         """Tell the policy how the session's previous round went: how many of its drafts

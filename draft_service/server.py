@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from draft_service.amateur import ScoreArgs
-from draft_service.engine import DraftEngine, ProposeArgs
+from draft_service.engine import DraftEngine, ProposeArgs, ProposeResult
 from specdec import wire
-from specdec.grpc_server import Service, busy_wait_s
+from specdec.grpc_server import Service, answer_batch, busy_wait_s
 from specdec.v1 import common_pb2, draft_pb2, draft_pb2_grpc
 
 SERVICE_NAME = draft_pb2.DESCRIPTOR.services_by_name["DraftService"].full_name
@@ -19,21 +19,17 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
         return wire.info_to_proto(self.engine.info())
 
     def Propose(self, request: draft_pb2.ProposeRequest, context):
-        result = self.engine.propose(ProposeArgs(
-            session_id=request.session_id, keep_len=request.keep_len,
-            keep_digest=request.keep_digest, new_tokens=list(request.new_tokens),
-            num_tokens=request.num_tokens,
-            sampling=wire.sampling_from_proto(request.sampling), top_n=request.top_n,
-            top_mass=request.top_mass,
-            exit_below=request.exit_below, keep_logits=request.keep_logits,
-            min_p=request.min_p,
-            guess_seed=request.guess_seed if request.HasField("guess_seed") else None,
-            guess_last=request.guess_last,
-        ), cancelled=lambda: not context.is_active(), busy_wait_s=busy_wait_s(context))
-        return draft_pb2.ProposeResponse(
-            tokens=result.tokens, dists=[wire.dist_to_proto(q) for q in result.dists],
-            cached_len=result.cached_len, step_seconds=result.step_seconds,
-        )
+        result = self.engine.propose(propose_args(request),
+                                     cancelled=lambda: not context.is_active(),
+                                     busy_wait_s=busy_wait_s(context))
+        return propose_response(result)
+
+    def ProposeBatch(self, request: draft_pb2.ProposeBatchRequest, context):
+        """Each item as a Propose of its own, drafted together: an item that fails (even
+        one that does not parse) gets its ItemError and the others their results."""
+        return answer_batch(request, propose_args, lambda args: self.engine.propose_batch(
+            args, cancelled=lambda: not context.is_active(), busy_wait_s=busy_wait_s(context)),
+            propose_response, draft_pb2.ProposeBatchResponse())
 
     def Score(self, request: draft_pb2.ScoreRequest, context):
         result = self.engine.score(ScoreArgs(
@@ -49,6 +45,26 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
 
     def Release(self, request, context):
         return common_pb2.ReleaseResponse(released=self.engine.release(request.session_id))
+
+
+def propose_args(request: draft_pb2.ProposeRequest) -> ProposeArgs:
+    return ProposeArgs(
+        session_id=request.session_id, keep_len=request.keep_len,
+        keep_digest=request.keep_digest, new_tokens=list(request.new_tokens),
+        num_tokens=request.num_tokens,
+        sampling=wire.sampling_from_proto(request.sampling), top_n=request.top_n,
+        top_mass=request.top_mass, exit_below=request.exit_below,
+        keep_logits=request.keep_logits, min_p=request.min_p,
+        guess_seed=request.guess_seed if request.HasField("guess_seed") else None,
+        guess_last=request.guess_last,
+        lead_seed=request.lead_seed if request.HasField("lead_seed") else None,
+    )
+
+
+def propose_response(result: ProposeResult) -> draft_pb2.ProposeResponse:
+    return draft_pb2.ProposeResponse(
+        tokens=result.tokens, dists=[wire.dist_to_proto(q) for q in result.dists],
+        cached_len=result.cached_len, step_seconds=result.step_seconds)
 
 
 def service(engine: DraftEngine) -> Service:

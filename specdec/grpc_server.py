@@ -122,6 +122,62 @@ def busy_wait_s(context: grpc.ServicerContext) -> float:
     return MAX_BUSY_WAIT_S if remaining is None else max(0.0, min(remaining, MAX_BUSY_WAIT_S))
 
 
+# Items a batch call (ProposeBatch, VerifyBatch) may carry.
+MAX_BATCH_ITEMS = 256
+
+
+def batch_items(items, convert) -> tuple[list, list]:
+    """A batch request's items as engine arguments: (args, errors), one of each per item,
+    in order; an item that does not convert has None for its args and its error (the
+    item's own INVALID_ARGUMENT), the others are unaffected."""
+    from specdec.errors import InvalidArgument, require
+
+    require(len(items) <= MAX_BATCH_ITEMS,
+            f"a batch holds at most {MAX_BATCH_ITEMS} items, got {len(items)}; split it")
+    args: list = []
+    errors: list = []
+    for i, item in enumerate(items):
+        try:
+            args.append(convert(item))
+            errors.append(None)
+        except InvalidArgument as exc:
+            args.append(None)
+            errors.append(InvalidArgument(f"items[{i}]: {exc.message}"))
+    return args, errors
+
+
+def answer_batch(request, convert, run, to_response, response):
+    """A batch RPC's answer: each item converted (`convert`, an item that does not
+    convert gets its INVALID_ARGUMENT), the rest run together (`run`, a list of engine
+    arguments -> a result or an exception per item), and each outcome put in the
+    `response` message in order: `to_response(result)` or the item's ItemError."""
+    args, errors = batch_items(request.items, convert)
+    results = iter(run([a for a in args if a is not None]))
+    for error in errors:
+        item = response.items.add()
+        outcome = error if error is not None else next(results)
+        if isinstance(outcome, Exception):
+            item.error.CopyFrom(item_error(outcome))
+        else:
+            item.result.CopyFrom(to_response(outcome))
+    return response
+
+
+def item_error(exc: BaseException):
+    """The ItemError of one failed batch item: its status as a call of its own would
+    have had it (a resync error carries what the session holds)."""
+    from specdec.v1 import common_pb2
+
+    code, message, metadata = grpc_status(exc)
+    if code == grpc.StatusCode.INTERNAL:
+        log.error("a batch item failed: %s", message, exc_info=exc)
+    error = common_pb2.ItemError(code=code.value[0], message=message)
+    for key, value in metadata:
+        if key == "specdec-cached-len":
+            error.cached_len = int(value)
+    return error
+
+
 def _guard_unary(behavior, method):
     def guarded(request, context):
         _refuse_malformed(request, context, method)

@@ -120,8 +120,9 @@ class ModelMetrics:
         """One pass of the continuous scheduler: sessions and tokens in it, and how long
         each of its steps waited in the queue."""
 
-    def inflight(self) -> contextlib.AbstractContextManager:
-        """Around one Verify request (queued or running): the target's load gauge."""
+    def inflight(self, sessions: int = 1) -> contextlib.AbstractContextManager:
+        """Around one Verify request (queued or running), or a VerifyBatch of `sessions`
+        items (each counts as one Verify): the target's load gauge."""
         return contextlib.nullcontext()
 
     def close(self) -> None:
@@ -157,7 +158,8 @@ class PrometheusModelMetrics(_Exporter, ModelMetrics):
         if kind == "target":
             self.inflight_gauge = Gauge(
                 "specdec_target_inflight_verify_requests",
-                "Verify requests waiting on or running in the model now.", registry=r)
+                "Verify requests (VerifyBatch items each count) waiting on or running in "
+                "the model now.", registry=r)
         if store is not None:
             r.register(SessionStoreCollector(prefix, store))
 
@@ -180,15 +182,15 @@ class PrometheusModelMetrics(_Exporter, ModelMetrics):
             self.queue_wait.observe(wait)
 
     @contextlib.contextmanager
-    def inflight(self) -> Iterator[None]:
+    def inflight(self, sessions: int = 1) -> Iterator[None]:
         if self.inflight_gauge is None:
             yield
             return
-        self.inflight_gauge.inc()
+        self.inflight_gauge.inc(sessions)
         try:
             yield
         finally:
-            self.inflight_gauge.dec()
+            self.inflight_gauge.dec(sessions)
 
 
 class SessionStoreCollector(Collector):

@@ -115,7 +115,6 @@ class TargetEngine:
         the session as it was told to keep it."""
         draft_q = self.validate(args)
         k = args.num_draft
-        drafts = args.new_tokens[len(args.new_tokens) - k:] if k else []
         needed = args.keep_len + len(args.new_tokens)
         # Counts the request until it is done (the HPA's load metric).
         with self.model.metrics.inflight(), \
@@ -131,6 +130,61 @@ class TargetEngine:
                 logits = None  # nothing was fed: the session is put back as kept
         if logits is None:
             raise Cancelled("the client called this request off")
+        return self._result(args, draft_q, logits, s)
+
+    def verify_batch(self, batch: list[VerifyArgs], busy_wait_s: float = 0.0,
+                     cancelled: Callable[[], bool] | None = None,
+                     ) -> list[VerifyResult | Exception]:
+        """Verify every item in one forward pass (budget permitting); per item its result
+        or its own error, exactly what `verify` would have given it alone. An item that
+        fails (malformed, a resync, a pass of its own that failed) never affects the
+        others: it is checked, checked out, fed and put back or dropped by itself."""
+        out: list[VerifyResult | Exception | None] = [None] * len(batch)
+        held = []  # (item index, args, parsed q, session)
+        seen: set[str] = set()
+        with self.model.metrics.inflight(len(batch)):
+            try:
+                for i, args in enumerate(batch):
+                    try:
+                        require(args.session_id not in seen,
+                                f"items[{i}]: session {args.session_id!r} appears twice in "
+                                "one batch; send one item per session")
+                        seen.add(args.session_id)
+                        draft_q = self.validate(args)
+                        s = self.model.store.checkout(
+                            args.session_id, args.keep_len, args.keep_digest,
+                            args.keep_len + len(args.new_tokens), busy_wait_s)
+                    except Exception as exc:  # noqa: BLE001 - this item's own status
+                        out[i] = exc
+                        continue
+                    self.model.crop(s, args.keep_len)
+                    held.append((i, args, draft_q, s))
+                fed = self.model.feed_many(
+                    [(s, args.new_tokens, args.num_draft + 1) for _, args, _, s in held],
+                    cancelled)
+            except BaseException:
+                for _, _, _, s in held:
+                    self.model.store.drop(s)
+                raise
+            for (i, args, draft_q, s), (logits, error) in zip(held, fed, strict=True):
+                if error is None:
+                    try:
+                        out[i] = self._result(args, draft_q, logits, s)
+                    except Exception as exc:  # noqa: BLE001 - this item's own status
+                        error = exc
+                if error is None or isinstance(error, Cancelled):
+                    self.model.store.put_back(s)  # cancelled: nothing was fed
+                else:
+                    self.model.store.drop(s)
+                if error is not None:
+                    out[i] = error
+        return out
+
+    def _result(self, args: VerifyArgs, draft_q: list[SparseQ] | None,
+                logits: torch.Tensor, s) -> VerifyResult:
+        """The round from the logits of the K+1 positions (contrastive: the heads)."""
+        k = args.num_draft
+        drafts = args.new_tokens[len(args.new_tokens) - k:] if k else []
         ran_in = s.last_pass
         if args.contrastive is not None:
             heads = [head(row, args.contrastive) for row in logits]

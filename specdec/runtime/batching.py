@@ -134,6 +134,23 @@ class Scheduler:
             raise step.error
         return step.logits, step.ran_in
 
+    def run_many(self, steps: list[tuple[object, Item]],
+                 cancelled: Callable[[], bool] | None = None,
+                 ) -> list[tuple[torch.Tensor | None, Pass | None, BaseException | None]]:
+        """Queue several sessions' steps at once (a batch call's), so that they ride the
+        same pass (budget permitting), and wait for all of them. Per step: (logits, the
+        pass it ran in, None) or (None, None, its own error); one step's failure never
+        fails another's."""
+        queued = [Step(owner, item, False, cancelled or _never) for owner, item in steps]
+        with self._cond:
+            if self._closed:
+                raise RuntimeError("the scheduler is closed")
+            self._queue.extend(queued)
+            self._cond.notify_all()
+        for step in queued:
+            step.done.wait()
+        return [(s.logits, s.ran_in, s.error) for s in queued]
+
     def leave(self, owner: object) -> None:
         """`owner` will not submit the step it announced with more=True."""
         with self._cond:

@@ -105,15 +105,32 @@ class CachedModel:
         self.crop(session, args.keep_len)
         return self._feed(session, args.new_tokens, keep_last, more, cancelled)
 
+    def feed_many(self, feeds: list[tuple[Session, list[int], int]], cancelled=None,
+                  ) -> list[tuple[torch.Tensor | None, BaseException | None]]:
+        """Feed several sessions their tokens in one scheduler submission (a batch call's
+        step: they share a pass), each after what it holds: (session, tokens, keep_last)
+        -> per session (logits of its last keep_last positions, None) or (None, its own
+        error). A session whose step failed holds what it held before."""
+        results = self.scheduler.run_many(
+            [(s, (s.cache, tokens, keep_last)) for s, tokens, keep_last in feeds], cancelled)
+        out = []
+        for (session, tokens, _), (logits, ran_in, error) in zip(feeds, results, strict=True):
+            if error is None:
+                session.last_pass = ran_in
+                session.append(tokens)
+            out.append((logits, error))
+        return out
+
     def crop(self, session: Session, length: int) -> None:
         """Keep the first `length` cached positions."""
         self.backend.crop(session.cache, length)
         session.truncate(length)
 
     def feed(self, session: Session, tokens: list[int], keep_last: int,
-             cancelled=None) -> torch.Tensor:
-        """Feed `tokens` after what the session holds; logits of the last keep_last."""
-        return self._feed(session, tokens, keep_last, False, cancelled)
+             cancelled=None, more: bool = False) -> torch.Tensor:
+        """Feed `tokens` after what the session holds; logits of the last keep_last.
+        `more`: another step of this session follows at once."""
+        return self._feed(session, tokens, keep_last, more, cancelled)
 
     def step(self, session: Session, token: int, more: bool = False,
              cancelled=None) -> torch.Tensor:
