@@ -10,6 +10,7 @@ import random
 import threading
 import time
 from collections import deque
+from concurrent.futures import CancelledError, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import grpc
@@ -113,6 +114,75 @@ class Cancel:
                 self._call.cancel()
 
 
+@dataclass(frozen=True)
+class ItemFailure:
+    """One failed item of a batch call (common.proto ItemError), or every item of a
+    batch call that failed as a whole (then `whole` is true)."""
+
+    code: grpc.StatusCode
+    message: str
+    cached_len: int | None = None
+    whole: bool = False
+
+
+_CODES = {c.value[0]: c for c in grpc.StatusCode}
+
+
+class BatchCall:
+    """A batch call in flight: `outcomes()` waits and gives, per item in order, its
+    response message or an ItemFailure."""
+
+    def __init__(self, future, request, field: str, bytes_total: WireBytes | None = None):
+        self.future, self.request, self.field = future, request, field
+        self.bytes_total = bytes_total
+        self.started = time.perf_counter()
+        self.finished: float | None = None  # when the answer came (set by the caller)
+        self.seconds = 0.0  # the call's wall time, once done
+
+    def done(self) -> bool:
+        return self.future.done()
+
+    def cancel(self) -> None:
+        self.future.cancel()
+
+    def _elapsed(self) -> float:
+        """The call's wall time: to its answer, not to when the caller looked."""
+        end = self.finished if self.finished is not None else time.perf_counter()
+        return end - self.started
+
+    def outcomes(self, timeout: float | None = None) -> list:
+        """Wait at most `timeout` seconds (None: the call's deadline)."""
+        n = len(self.request.items)
+        try:
+            resp = self.future.result(timeout=timeout)
+        except (grpc.FutureTimeoutError, TimeoutError):
+            self.future.cancel()
+            self.seconds = self._elapsed()
+            return [ItemFailure(grpc.StatusCode.DEADLINE_EXCEEDED,
+                                f"no answer within {timeout:.1f} s", whole=True)] * n
+        except grpc.RpcError as e:
+            self.seconds = self._elapsed()
+            return [ItemFailure(e.code(), e.details() or "", whole=True)] * n
+        except (grpc.FutureCancelledError, CancelledError):
+            self.seconds = self._elapsed()
+            return [ItemFailure(grpc.StatusCode.CANCELLED, "called off", whole=True)] * n
+        self.seconds = self._elapsed()
+        if self.bytes_total is not None:
+            self.bytes_total.add(self.request, resp, self.started)
+        if len(resp.items) != n:
+            return [ItemFailure(grpc.StatusCode.INTERNAL, f"{len(resp.items)} answers to "
+                                f"{n} items", whole=True)] * n
+        out = []
+        for item in resp.items:
+            if item.WhichOneof("outcome") == self.field:
+                out.append(getattr(item, self.field))
+            else:
+                e = item.error
+                out.append(ItemFailure(_CODES.get(e.code, grpc.StatusCode.UNKNOWN), e.message,
+                                       e.cached_len if e.HasField("cached_len") else None))
+        return out
+
+
 class _ModelServiceClient:
     """Info and Release, common to both model services.
 
@@ -129,6 +199,7 @@ class _ModelServiceClient:
         self.bytes = WireBytes()
         self.inject_rtt_s, self.jitter_s = inject_rtt_s, jitter_s
         self._jitter = random.Random()
+        self._pool: ThreadPoolExecutor | None = None  # runs batch calls (`_batch`)
 
     def _network(self) -> None:
         """Half a round trip of injected latency (no-op by default)."""
@@ -146,6 +217,23 @@ class _ModelServiceClient:
         if meter is not None:
             meter.add(req, resp, started)
         return resp
+
+    def _batch(self, method, req, field: str) -> BatchCall:
+        """Start a batch call: a blocking call in a thread of this client's (grpc's
+        `.future()` starts a channel-polling thread whenever no call is in flight, which
+        a step's calls, one after the other, paid every time)."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="batch")
+        call = BatchCall(None, req, field)
+
+        def run():
+            try:
+                return self._unary(method, req, None)
+            finally:
+                call.finished = time.perf_counter()
+
+        call.future = self._pool.submit(run)
+        return call
 
     def info(self, timeout: float | None = None) -> common_pb2.ModelInfo:
         return self.stub.Info(common_pb2.InfoRequest(), timeout=timeout or self.deadline_s)
@@ -165,12 +253,10 @@ class DraftClient(_ModelServiceClient):
                 guess_seed: int | None = None, guess_last: bool = False) -> Proposal:
         """Raises grpc.RpcError, or grpc.FutureCancelledError once `cancel` was called (the
         draft then stops at its next token; its cache keeps what it had fed)."""
-        req = draft_pb2.ProposeRequest(
-            session_id=sync.session_id, keep_len=sync.keep_len, keep_digest=sync.keep_digest,
-            new_tokens=sync.new_tokens, num_tokens=num_tokens,
-            sampling=wire.sampling_to_proto(sampling), top_n=top_n, exit_below=exit_below,
-            keep_logits=keep_logits, min_p=min_p, guess_seed=guess_seed, guess_last=guess_last,
-        )
+        req = propose_request(sync, num_tokens, sampling, top_n, exit_below,
+                              keep_logits=keep_logits, min_p=min_p, guess_seed=guess_seed,
+                              guess_last=guess_last)
+
         def cancellable(req):
             if cancel.requested:
                 raise grpc.FutureCancelledError()
@@ -198,6 +284,11 @@ class DraftClient(_ModelServiceClient):
         return values, resp.cached_len, \
             resp.next_token if resp.HasField("next_token") else None
 
+    def propose_batch(self, items: list[draft_pb2.ProposeRequest]) -> BatchCall:
+        """Many sessions' Proposes in one call, started now (ProposeBatch)."""
+        return self._batch(self.stub.ProposeBatch, draft_pb2.ProposeBatchRequest(items=items),
+                           "result")
+
 
 class TargetClient(_ModelServiceClient):
     stub_class = target_pb2_grpc.TargetServiceStub
@@ -209,14 +300,8 @@ class TargetClient(_ModelServiceClient):
                ) -> tuple[TargetRound | Heads, int]:
         """A round (p_i(x_i), recovered, bonus), or with `contrastive` V_head per position.
         `bonus_seed`: the bonus by coupled Gumbel-max (VerifyRequest.bonus_seed)."""
-        req = target_pb2.VerifyRequest(
-            session_id=sync.session_id, keep_len=sync.keep_len, keep_digest=sync.keep_digest,
-            new_tokens=sync.new_tokens + drafts, num_draft=len(drafts),
-            draft_dists=draft_dists, sampling=wire.sampling_to_proto(sampling),
-            round_seed=round_seed, bonus_seed=bonus_seed,
-        )
-        if contrastive is not None:
-            req.contrastive.CopyFrom(wire.contrastive_to_proto(contrastive))
+        req = verify_request(sync, drafts, draft_dists, sampling, round_seed, contrastive,
+                             bonus_seed)
         resp = self._unary(self.stub.Verify, req, meter)
         if contrastive is not None:
             heads = [Head(torch.tensor(list(h.token_ids), dtype=torch.long),
@@ -224,9 +309,46 @@ class TargetClient(_ModelServiceClient):
                      for h in resp.heads]
             return Heads(heads, resp.pass_sessions, resp.pass_tokens,
                          resp.pass_seconds), resp.cached_len
-        result = TargetRound(list(resp.target_probs), list(resp.recovered_tokens),
-                             resp.bonus_token, resp.pass_sessions, resp.pass_tokens,
-                             resp.pass_seconds)
-        return result, resp.cached_len
+        return target_round_of(resp), resp.cached_len
+
+    def verify_batch(self, items: list[target_pb2.VerifyRequest]) -> BatchCall:
+        """Many sessions' Verifies in one call, started now (VerifyBatch)."""
+        req = target_pb2.VerifyBatchRequest(items=items)
+        return self._batch(self.stub.VerifyBatch, req, "result")
+
+
+def target_round_of(resp: target_pb2.VerifyResponse) -> TargetRound:
+    return TargetRound(list(resp.target_probs), list(resp.recovered_tokens),
+                       resp.bonus_token, resp.pass_sessions, resp.pass_tokens,
+                       resp.pass_seconds)
+
+
+def propose_request(sync: SyncRequest, num_tokens: int, sampling: SamplingParams,
+                    top_n: int = 0, exit_below: float = 0.0, *, keep_logits: bool = False,
+                    min_p: float = 0.0, guess_seed: int | None = None,
+                    guess_last: bool = False,
+                    lead_seed: int | None = None) -> draft_pb2.ProposeRequest:
+    return draft_pb2.ProposeRequest(
+        session_id=sync.session_id, keep_len=sync.keep_len, keep_digest=sync.keep_digest,
+        new_tokens=sync.new_tokens, num_tokens=num_tokens,
+        sampling=wire.sampling_to_proto(sampling), top_n=top_n, exit_below=exit_below,
+        keep_logits=keep_logits, min_p=min_p, guess_seed=guess_seed, guess_last=guess_last,
+        lead_seed=lead_seed,
+    )
+
+
+def verify_request(sync: SyncRequest, drafts: list[int],
+                   draft_dists: list[common_pb2.SparseDist], sampling: SamplingParams,
+                   round_seed: int, contrastive: ContrastiveParams | None = None,
+                   bonus_seed: int | None = None) -> target_pb2.VerifyRequest:
+    req = target_pb2.VerifyRequest(
+        session_id=sync.session_id, keep_len=sync.keep_len, keep_digest=sync.keep_digest,
+        new_tokens=sync.new_tokens + drafts, num_draft=len(drafts),
+        draft_dists=draft_dists, sampling=wire.sampling_to_proto(sampling),
+        round_seed=round_seed, bonus_seed=bonus_seed,
+    )
+    if contrastive is not None:
+        req.contrastive.CopyFrom(wire.contrastive_to_proto(contrastive))
+    return req
 
 

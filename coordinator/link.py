@@ -119,14 +119,22 @@ class DraftLink(Link):
         return self.replica is not None or self.pin()
 
     def failed(self, error: grpc.RpcError) -> None:
+        self.failed_with(error.code(), error.details())
+
+    def failed_with(self, code: grpc.StatusCode, details: str) -> None:
+        """The pinned draft failed a call with `code`: back off (and, when it is down,
+        re-pin after the back-off); the view is forgotten, so the next call
+        re-prefills."""
         log.warning("draft %s failed (%s: %s); decoding target-only for now",
-                    self.replica.address, error.code().name, error.details())
-        self.failed_address = self.replica.address
+                    self.replica.address if self.replica else "-", code.name, details)
+        if self.replica is not None:
+            self.failed_address = self.replica.address
+            if code in DRAFT_DOWN_CODES:
+                self.router.mark_failed(self.replica, once_per_outage=True)
+                self.replica = None  # re-pin (maybe elsewhere) after the back-off
+        self.view.forget()
         self.record.draft_fallback()
         self.failures += 1
-        if error.code() in DRAFT_DOWN_CODES:
-            self.router.mark_failed(self.replica, once_per_outage=True)
-            self.replica = None  # re-pin (maybe elsewhere) after the back-off
         self.retry_at = time.monotonic() + backoff_s(self.backoff_base_s, self.failures, 5)
 
     def propose(self, committed: TokenPrefix, k: int, sampling: SamplingParams, top_n: int,
@@ -204,18 +212,34 @@ class DraftLink(Link):
 class TargetLink(Link):
     rpc_name = "verify"
 
-    def verify(self, committed: TokenPrefix, drafts: list[int], dists: list,
-               sampling: SamplingParams, round_seed: int,
-               contrastive: ContrastiveParams | None = None,
-               bonus_seed: int | None = None) -> TargetRound | Heads:
-        """Verify on the pinned target; on failure re-pin and repeat (same round seed)."""
+    def leave_if_gone(self) -> None:
+        """The pinned replica's pod is going away (e.g. a rollout): move now, while it
+        still answers (a fresh session on the new one)."""
         if not self.router.is_live(self.replica):
-            # Its pod is going away (e.g. a rollout): move now, while it still answers.
             leaving = self.replica.address
             if self.pin([leaving]):
                 log.info("target %s left the pool; re-pinned to %s", leaving,
                          self.replica.address)
                 self.record.target_repin()
+
+    def repin(self, code: grpc.StatusCode, details: str, tried: list[str]) -> None:
+        """The pinned replica failed a call: back it off and pin another one not in
+        `tried` (which this extends); UNAVAILABLE when none is left."""
+        log.warning("target %s failed (%s: %s); re-pinning", self.replica.address,
+                    code.name, details)
+        self.router.mark_failed(self.replica, once_per_outage=True)
+        tried.append(self.replica.address)
+        if not self.pin(tried):
+            raise Unavailable(f"no target replica left to continue the generation (tried "
+                              f"{', '.join(tried)}; last error {code.name}: {details})")
+        self.record.target_repin()
+
+    def verify(self, committed: TokenPrefix, drafts: list[int], dists: list,
+               sampling: SamplingParams, round_seed: int,
+               contrastive: ContrastiveParams | None = None,
+               bonus_seed: int | None = None) -> TargetRound | Heads:
+        """Verify on the pinned target; on failure re-pin and repeat (same round seed)."""
+        self.leave_if_gone()
         tried: list[str] = []
         while True:
             try:
@@ -231,13 +255,4 @@ class TargetLink(Link):
                     raise InvalidArgument(f"target refused the request: {e.details()}") from e
                 if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
                     raise ResourceExhausted(f"target is full: {e.details()}") from e
-                log.warning("target %s failed (%s: %s); re-pinning", self.replica.address,
-                            code.name, e.details())
-                self.router.mark_failed(self.replica, once_per_outage=True)
-                tried.append(self.replica.address)
-                if not self.pin(tried):
-                    raise Unavailable(
-                        f"no target replica left to continue the generation (tried "
-                        f"{', '.join(tried)}; last error {code.name}: {e.details()})"
-                    ) from e
-                self.record.target_repin()
+                self.repin(code, e.details(), tried)

@@ -23,9 +23,12 @@ class CacheView:
         """(keep_len, keep_digest, new_tokens) for the next request, which feeds at least
         `min_new` tokens (0: a look-up in what the server holds may feed none)."""
         limit = min(len(self.tokens), len(committed) - min_new)
-        keep = 0
-        while keep < limit and self.tokens[keep] == committed.tokens[keep]:
-            keep += 1
+        if self.tokens[:limit] == committed.tokens[:limit]:
+            keep = max(limit, 0)  # the usual case, compared at C speed
+        else:
+            keep = 0
+            while keep < limit and self.tokens[keep] == committed.tokens[keep]:
+                keep += 1
         return keep, committed.digest_of(keep), committed.tokens[keep:]
 
     def holds(self, tokens: list[int]) -> None:

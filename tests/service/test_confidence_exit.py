@@ -77,10 +77,12 @@ def test_greedy_with_confidence_exit_equals_target_only(draft_client, target_cli
         confidence_exit=True, exit_threshold=0.3, **MODES[mode]))
     ids, stats = run(loop, prompt, SamplingParams(), 4)
     assert ids == base
-    assert stats.confidence_exits > 0  # the unsure tiny draft cut rounds short...
-    assert min(k for k in stats.k_per_round if k) < 4  # ...to fewer than K drafts
     assert all(0 <= k <= 4 for k in stats.k_per_round)
     assert stats.drafted_tokens == sum(stats.k_per_round)
+    if mode == "pipelined-adaptive":
+        return  # the planner may find drafting does not pay on the tiny pair: exactness
+    assert stats.confidence_exits > 0  # the unsure tiny draft cut rounds short...
+    assert min(k for k in stats.k_per_round if k) < 4  # ...to fewer than K drafts
 
 
 def test_threshold_follows_acceptance_in_a_generation(draft_client, target_client):

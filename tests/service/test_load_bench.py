@@ -100,11 +100,12 @@ def test_concurrent_greedy_outputs_equal_alone_and_nothing_fails(generator):
         assert s.tokens == len(s.token_ids) == sum(s.chunk_tokens) > 0
         assert s.token_ids == at_one[s.prompt], (name, s.concurrency, s.stream, s.prompt)
         assert s.ttft == s.chunk_times[0] <= s.seconds
-        if name == SPECULATIVE:  # num_draft_tokens unset: the coordinator's default K
-            # (a round drafts fewer near max_new_tokens)
-            assert s.drafted > 0 and max(s.k_per_round) == default_k
+        if name == SPECULATIVE:  # num_draft_tokens unset: the coordinator's K, at most
+            # its default (the planner lowers it where drafting does not pay)
+            assert max(s.k_per_round) <= default_k
         else:  # num_draft_tokens = 0: target-only
             assert s.drafted == 0 and set(s.k_per_round) <= {0}
+    assert sum(s.drafted for name, s in _outputs(windows, "measure") if name == SPECULATIVE)
     rows = load_report.summarise(windows)
     assert len(rows) == 4
     for r in rows:
@@ -143,8 +144,8 @@ def test_http_sse_streams_equal_grpc_and_alone(generator, http_api):
             assert s.token_ids == alone[s.prompt], (w.api, w.scenario, w.concurrency)
             assert s.tokens == len(s.token_ids) == sum(s.chunk_tokens) == len(s.kinds) > 0
             assert s.ttft == s.chunk_times[0] <= s.seconds and s.text
-            if w.scenario == SPECULATIVE:  # num_draft_tokens absent: the default K
-                assert s.drafted > 0 and max(s.k_per_round) == default_k
+            if w.scenario == SPECULATIVE:  # num_draft_tokens absent: the server's K
+                assert max(s.k_per_round) <= default_k
             else:
                 assert s.drafted == 0 and set(s.k_per_round) <= {0} and s.rounds > 0
     rows = load_report.summarise(windows)

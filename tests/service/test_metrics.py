@@ -27,23 +27,10 @@ services = _metrics_helpers.services  # the shared fixture: servers for this mod
 MODEL_ONLY = LoopPolicy(pipeline=False, drafter="model")  # sequential, no look-up
 
 
-class Injected(grpc.RpcError):
-    """A failed call: UNAVAILABLE (the replica is gone) or another code."""
-
-    def __init__(self, code=grpc.StatusCode.UNAVAILABLE):
-        super().__init__()
-        self._code = code
-
-    def code(self):
-        return self._code
-
-    def details(self):
-        return "injected failure"
-
-
 class Counting:
-    """A client that counts its calls: attempts, resync errors, and per successful call
-    the tokens the server must feed. Attempts numbered in `fail_on` (from 1) fail."""
+    """A client that counts its calls (each item of a batch call is one): attempts,
+    resync errors, and per successful one the tokens the server must feed. Attempts
+    numbered in `fail_on` (from 1) fail."""
 
     def __init__(self, channel, fail_on=(), fail_code=grpc.StatusCode.UNAVAILABLE):
         super().__init__(channel)
@@ -51,30 +38,59 @@ class Counting:
         self.attempts = self.resync_errors = 0
         self.fed: list[int] = []
 
-    def _count(self, call, fed: int):
-        self.attempts += 1
-        if self.attempts in self.fail_on:
-            raise Injected(self.fail_code)
-        try:
-            result = call()
-        except grpc.RpcError as e:
-            if e.code() in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.NOT_FOUND):
-                self.resync_errors += 1
-            raise
-        self.fed.append(fed)
-        return result
+    def _batch(self, method, req, field):
+        """A batch call, each item counted as an attempt of its own; an item whose attempt
+        is in `fail_on` is not sent and fails as a call of its own would have (the
+        replica failed it)."""
+        numbers = []
+        for _ in req.items:
+            self.attempts += 1
+            numbers.append(self.attempts)
+        sent = type(req)(items=[item for item, n in zip(req.items, numbers, strict=True)
+                                if n not in self.fail_on])
+        call = super()._batch(method, sent, field) if sent.items else None
+        return CountedCall(self, call, numbers, req)
+
+
+class CountedCall:
+    """What a Counting client's batch call returns: its outcomes with the injected
+    failures put back in place, and the counts taken."""
+
+    def __init__(self, client: Counting, call, numbers: list[int], request):
+        self.client, self.call, self.numbers, self.request = client, call, numbers, request
+        self.seconds = 0.0
+
+    def outcomes(self, timeout=None):
+        from coordinator.clients import ItemFailure
+
+        real = iter(self.call.outcomes(timeout) if self.call is not None else ())
+        self.seconds = self.call.seconds if self.call is not None else 0.0
+        out = []
+        for item, n in zip(self.request.items, self.numbers, strict=True):
+            if n in self.client.fail_on:
+                out.append(ItemFailure(self.client.fail_code, "injected failure", whole=True))
+                continue
+            outcome = next(real)
+            if isinstance(outcome, ItemFailure):
+                if outcome.code in (grpc.StatusCode.FAILED_PRECONDITION,
+                                    grpc.StatusCode.NOT_FOUND):
+                    self.client.resync_errors += 1
+            else:
+                self.client.fed.append(self.client.fed_by(item))
+            out.append(outcome)
+        return out
 
 
 class CountingDraft(Counting, DraftClient):
-    def propose(self, sync, num_tokens, *args, **kwargs):
-        return self._count(lambda: DraftClient.propose(self, sync, num_tokens, *args, **kwargs),
-                           len(sync.new_tokens) + num_tokens - 1)  # K - 1 steps after
+    @staticmethod
+    def fed_by(item) -> int:
+        return len(item.new_tokens) + item.num_tokens - 1  # K - 1 steps after
 
 
 class CountingTarget(Counting, TargetClient):
-    def verify(self, sync, drafts, *args, **kwargs):
-        return self._count(lambda: TargetClient.verify(self, sync, drafts, *args, **kwargs),
-                           len(sync.new_tokens) + len(drafts))
+    @staticmethod
+    def fed_by(item) -> int:
+        return len(item.new_tokens)  # the committed tail and the drafts
 
 
 def test_a_generation_moves_every_endpoint_consistently(services, monkeypatch):
@@ -91,13 +107,13 @@ def test_a_generation_moves_every_endpoint_consistently(services, monkeypatch):
 
             # Inside each Verify, just before the target's forward pass: its gauge.
             inflight_seen: list[float] = []
-            sync = t_engine.model.sync
+            feed = t_engine.model.feed_many
 
-            def look_then_sync(*args, **kwargs):
+            def look_then_feed(*args, **kwargs):
                 inflight_seen.append(Samples(t_port)("specdec_target_inflight_verify_requests"))
-                return sync(*args, **kwargs)
+                return feed(*args, **kwargs)
 
-            monkeypatch.setattr(t_engine.model, "sync", look_then_sync)
+            monkeypatch.setattr(t_engine.model, "feed_many", look_then_feed)
 
             # Between rounds: the kinds of the round's tokens and the three gauges.
             rounds: list[tuple[list[TokenKind], float, float, float]] = []

@@ -126,9 +126,10 @@ def test_adaptive_k_greedy_equals_target_only(draft_client, target_client, pipel
         ids, stats = run(loop, prompt, SamplingParams(), 4, n=64)
         assert ids == base
         assert len(stats.k_per_round) == stats.rounds
-        # Within [1, max]; the last round may be shorter (only the tokens still missing),
-        # and a pipelined first round is the target's alone (the draft prefills meanwhile).
-        assert all(1 <= k <= 16 for k in stats.k_per_round[int(pipeline):-1])
+        # Within [0, max]: the planner leaves drafting out where it does not pay (on the
+        # tiny random pair it often does not), a pipelined round whose pre-draft missed
+        # has no drafts, and the look-up (the hybrid's) may draft more than K.
+        assert all(0 <= k <= 16 for k in stats.k_per_round)
 
 
 @pytest.fixture(scope="module")
@@ -156,7 +157,9 @@ def test_a_perfect_draft_pipelines_every_round_after_the_prefill(perfect_draft, 
         base, _ = run(SpeculativeLoop(None, target_client), PROMPTS[0], SamplingParams(), 0)
         ids, stats = run(loop, PROMPTS[0], SamplingParams(), 4)
     assert ids == base
-    assert stats.k_per_round[0] == 0 and stats.k_per_round[1] == 4
+    # Round 2's pre-draft began with its guess at round 1's token (the lead), so it holds
+    # K - 1 drafts (every pre-draft takes K + 1 passes); later ones hold K.
+    assert stats.k_per_round[:3] == [0, 3, 4]
     assert stats.predrafts_wasted == 0 and stats.rejections == 0
     assert stats.pipelined_rounds == stats.rounds - 1  # every round but the first
     assert stats.pipelined_rounds == stats.predrafts_started

@@ -1,0 +1,104 @@
+"""The model-free look-up as a drafter: drafts copied from the generation's own text.
+
+A suffix trie over the prompt and the committed ids (coordinator.lookup) proposes the
+tokens that followed the longest recent match of the context's end (prompt lookup
+decoding; Saxena 2023, and the n-gram proposers of vLLM and llama.cpp). How many of them
+to send is chosen by expected tokens per cost with per-bucket acceptance learnt during
+the generation (coordinator.hybrid's cost model). Each draft's q is a point mass: it was
+chosen, not drawn, so a sampled round accepts x_i with probability p_i(x_i) and a
+rejection resamples from p_i without x_i (coordinator.lookup_round).
+
+With an output cache (--lookup-cache) it also drafts from the tenant's recent outputs,
+and adds this output to them when the generation ends.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from coordinator.drafters.base import LOOKUP, NO_DRAFTS, Drafts, Outcome
+from coordinator.hybrid import UNIQUE, Acceptance, LookupSettings, best_length
+from coordinator.lookup import NO_LOOKUP, Lookup, OutputCache, SuffixTrie, better
+from specdec import wire
+
+
+class LookupDrafter:
+    source = LOOKUP
+
+    def __init__(self, prompt: Sequence[int], settings: LookupSettings, greedy: bool = True,
+                 cache: OutputCache | None = None, tenant: str | None = None,
+                 request_k: int = 0):
+        self.settings, self.greedy = settings, greedy
+        self.request_k = request_k  # the generation's K when the load does not lower it
+        self.cache = cache if tenant is not None else None
+        self.tenant = tenant
+        self.trie = SuffixTrie(settings.depth)
+        self.trie.extend(prompt)
+        self.seen = len(prompt)  # ids of the context already in the trie
+        self.output: list[int] = []
+        self.acceptance = Acceptance(greedy)
+        self.last: Lookup = NO_LOOKUP  # what the latest proposal was built from
+
+    def find(self, context: Sequence[int], k: int) -> Lookup:
+        """The look-up's best proposal of at most k drafts after `context` (NO_LOOKUP
+        when no match, or none worth its cost)."""
+        self._catch_up(context)
+        self.last = NO_LOOKUP
+        s = self.settings
+        n = min(k, s.max_tokens)
+        if n <= 0:
+            return NO_LOOKUP
+        found = self.trie.draft(context, n, s.max_match, s.min_prob)
+        if self.cache is not None:
+            found = better(found, self.cache.draft(self.tenant, context, n, s.max_match,
+                                                   s.min_prob))
+        if not found:
+            return NO_LOOKUP
+        rate = self.acceptance.rate(found.match_len, found.first_prob >= UNIQUE)
+        n, expected = best_length(rate, len(found.tokens), s.verify_cost)
+        if n:
+            self.last = Lookup(found.tokens[:n], found.match_len, expected, found.first_prob)
+        return self.last
+
+    def propose(self, context: Sequence[int], k: int) -> Drafts:
+        found = self.find(context, self.cap(k))
+        return self.drafts(found) if found else NO_DRAFTS
+
+    def cap(self, k: int) -> int:
+        """The look-up's cap when the round's K is k: its own maximum (it may draft more
+        than K: its drafts cost the draft service nothing) unless the planner lowered K
+        below the generation's, which says the target is loaded: then k."""
+        return self.settings.max_tokens if k >= self.request_k else k
+
+    def drafts(self, found: Lookup) -> Drafts:
+        tokens = list(found.tokens)
+        dists = [] if self.greedy else [wire.point_mass_dist(t) for t in tokens]
+        return Drafts(tokens, dists, [1.0] * len(tokens), LOOKUP)
+
+    def prepare(self, context, drafts, k, seeds=(None, None)):
+        return None  # nothing to ask anyone
+
+    def fetch(self, context, k, guess=False, seed=None):
+        return None
+
+    has_drafts = False
+
+    def observe(self, outcome: Outcome) -> None:
+        if outcome.drafts.source == LOOKUP and outcome.drafts:
+            last = self.last
+            self.acceptance.observe(last.match_len, len(outcome.drafts), outcome.accepted,
+                                    last.first_prob >= UNIQUE)
+        self._catch_up(outcome.committed)
+
+    def finished(self) -> None:
+        """The output joins the tenant's recent outputs (when the cache is on)."""
+        if self.cache is not None and self.output:
+            self.cache.add(self.tenant, self.output)
+
+    def _catch_up(self, context: Sequence[int]) -> None:
+        """Add the committed ids the trie has not seen yet."""
+        if len(context) > self.seen:
+            new = list(context[self.seen:])
+            self.trie.extend(new)
+            self.output.extend(new)
+            self.seen = len(context)

@@ -1,0 +1,231 @@
+"""One generation in the lockstep engine: its committed ids, random streams, links to
+both services, drafter, record and output queue; and its part of each step.
+
+`start` begins a round (propose: the drafter's drafts at hand, and its request for the
+next round's), `decide` applies the target's verdict (accept / resample, commit, stream)
+and `observe` tells the drafter how it went. Everything a round needs of the
+generation is here; the engine only orders the steps and batches the calls.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+
+import torch
+
+from coordinator.clients import WireBytes, verify_request
+from coordinator.drafters.base import MODEL, NO_DRAFTS, Drafts, Outcome
+from coordinator.link import DraftLink, TargetLink
+from coordinator.loop.plan import Acceptance, Candidate
+from coordinator.record import LoopStats, Recorder, RoundResult
+from coordinator.routing import Pins
+from specdec.digest import TokenPrefix
+from specdec.errors import Unavailable
+from specdec.sampling import SamplingParams, derive_seed, generator
+from specdec.verify import Decision, TokenKind, decide
+
+PREFILL_CHUNK = 512  # prompt tokens a target prefill feeds per step at most
+
+
+@dataclass
+class RoundOutput:
+    tokens: list[int]
+    kinds: list[TokenKind]
+    finish_reason: str | None  # set on the last round
+
+
+@dataclass
+class Round:
+    """One generation's part of one step."""
+
+    gen: Generation
+    k: int  # the planner's K (a cap on the drafts verified)
+    drafts: Drafts
+    index: int
+    u: list[float]  # one uniform per draft
+    request: object = None  # target_pb2.VerifyRequest, planned from the target's view
+    predraft: object = None  # the drafter's request for the next round (if any)
+    partial: bool = False  # a chunk of a long prefill: nothing is decided
+    verdict: object = None  # TargetRound, once verified
+    error: BaseException | None = None  # the generation fails with this
+    reply: object = None  # the draft service's reply to `predraft`
+    decision: Decision | None = None
+    output: RoundOutput | None = None
+    sent: list[int] = field(default_factory=list)  # the ids the Verify leaves the target with
+    seconds: float = 0.0
+
+    @property
+    def round_seed(self) -> int:
+        return derive_seed(self.gen.sampling.seed, "round", self.index)
+
+
+@dataclass
+class Shared:
+    """What every generation of one engine shares."""
+
+    draft: object  # coordinator.routing.Router | None
+    target: object  # coordinator.routing.Router
+    policy: object  # coordinator.policy.LoopPolicy
+    metrics: object  # specdec.metrics.LoopMetrics
+    make_drafter: object  # (Generation) -> Drafter | None
+    draft_backoff_s: float = 1.0
+    k_max: int = 0
+    # Every generation's model drafts: the prior of a new generation's acceptance.
+    acceptance: Acceptance = field(default_factory=lambda: Acceptance(keep=0.99))
+
+
+class Generation:
+    def __init__(self, shared: Shared, prompt: list[int], max_new_tokens: int,
+                 sampling: SamplingParams, k: int, eos_token_ids=(),
+                 stats: LoopStats | None = None, speculative: bool = True,
+                 tenant: str | None = None, fixed_k: bool = True):
+        self.shared, self.sampling = shared, sampling
+        self.committed = TokenPrefix(prompt)
+        self.max_new_tokens, self.eos = max_new_tokens, set(eos_token_ids)
+        self.k, self.tenant = k, tenant
+        self.fixed_k = fixed_k  # K is the request's (else the planner's, at most k)
+        self.generated = 0
+        self.round_index = 0
+        self.session_id = uuid.uuid4().hex
+        self.uniforms = generator(sampling.seed, "uniforms")
+        self.record = Recorder(stats if stats is not None else LoopStats(), shared.metrics,
+                               k)
+        self.meter = WireBytes()
+        self.pins = Pins()
+        self.target = TargetLink(shared.target, self.pins, self.session_id, self.record,
+                                 self.meter)
+        if not self.target.pin():
+            raise Unavailable("no target replica is reachable; retry later")
+        self.draft = DraftLink(shared.draft, self.pins, self.session_id, self.record,
+                               self.meter, shared.draft_backoff_s) \
+            if shared.draft is not None and speculative and k > 0 else None
+        self.drafter = shared.make_drafter(self) if speculative and k > 0 else None
+        self.acceptance = Acceptance(prior=shared.acceptance.rate)
+        self.outputs: queue.SimpleQueue = queue.SimpleQueue()
+        self.cancelled = threading.Event()  # the consumer went away
+        self.closed = threading.Event()  # the engine let it go (sessions released)
+        self.done = False
+        self.started = time.perf_counter()
+
+    # -- the planner's view ------------------------------------------------------------
+
+    @property
+    def remaining(self) -> int:
+        return self.max_new_tokens - self.generated
+
+    def candidate(self) -> Candidate:
+        model = self.draft is not None and self.draft.ready()
+        fed = len(self.committed) - self.draft.view.plan(self.committed)[0] if model else 0
+        target_new = len(self.committed) - self.target.view.plan(self.committed)[0]
+        return Candidate(self.acceptance.rate,
+                         max(0, min(self.k, self.remaining - 1)) if self.drafter else 0,
+                         model, self.fixed_k, fed, self.remaining,
+                         min(target_new, PREFILL_CHUNK) - 1,
+                         self.drafter is not None and self.drafter.has_drafts,
+                         model and not self.draft.view.tokens)
+
+    # -- a round -----------------------------------------------------------------------
+
+    def start(self, k: int, pipelined: bool) -> Round:
+        """Propose: the drafts at hand (at most k), and the request for the next round's."""
+        self.round_index += 1
+        self.target.leave_if_gone()
+        keep, _, new = self.target.view.plan(self.committed)
+        if len(new) > PREFILL_CHUNK:  # a long prompt: feed it over several steps
+            part = TokenPrefix(self.committed.tokens[:keep + PREFILL_CHUNK])
+            r = Round(self, 0, NO_DRAFTS, self.round_index, [], partial=True,
+                      sent=part.tokens)
+            r.request = verify_request(self.target.plan(part), [], [], self.sampling, 0)
+            self.round_index -= 1  # not a round of the generation
+            return r
+        drafts = self.drafter.propose(self.committed.tokens, k) \
+            if self.drafter is not None else NO_DRAFTS
+        drafts = trim(drafts, self.remaining - 1)
+        u = torch.rand(len(drafts), generator=self.uniforms, dtype=torch.float64).tolist()
+        r = Round(self, k, drafts, self.round_index, u,
+                  sent=self.committed.tokens + list(drafts.tokens))
+        r.request = verify_request(self.target.plan(self.committed), list(drafts.tokens),
+                                   list(drafts.dists), self.sampling, r.round_seed,
+                                   bonus_seed=self.bonus_seed(r.index))
+        after = self.remaining - len(drafts) - 2  # left if all are accepted, less one
+        if pipelined and self.drafter is not None and min(k, after) > 0:
+            r.predraft = self.drafter.prepare(
+                self.committed.tokens, drafts, min(k, after),
+                (self.bonus_seed(r.index), self.bonus_seed(r.index + 1)))
+            if r.predraft is not None:
+                self.record.predraft_started()
+        return r
+
+    def decide(self, r: Round) -> None:
+        """Accept / resample against the verdict, commit and stream the tokens."""
+        if r.partial:
+            return
+        drafts, v = r.drafts, r.verdict
+        if not drafts:
+            r.decision = Decision([v.bonus_token], [TokenKind.TARGET], 0)
+        else:
+            r.decision = decide(drafts.tokens, drafts.probs, v, r.u)
+            if drafts.guess is not None and r.predraft is not None:
+                self.record.outcome(r.decision.num_accepted < len(drafts),
+                                    r.decision.tokens[-1] != drafts.guess)
+        remaining = self.remaining
+        tokens, kinds = r.decision.tokens[:remaining], r.decision.kinds[:remaining]
+        stop = next((i for i, t in enumerate(tokens) if t in self.eos), None)
+        if stop is not None:
+            tokens, kinds = tokens[:stop + 1], kinds[:stop + 1]
+        self.committed.extend(tokens)
+        self.generated += len(tokens)
+        self.record.committed(len(tokens))
+        reason = "eos" if stop is not None else (
+            "length" if self.generated >= self.max_new_tokens else None)
+        self.done = reason is not None
+        self.record.stats.seconds = time.perf_counter() - self.started
+        r.output = RoundOutput(tokens, kinds, reason)
+
+    def observe(self, r: Round) -> None:
+        """Tell the drafter how the round went (and give it its reply)."""
+        if r.partial:
+            return
+        v, drafts = r.verdict, r.drafts
+        self.record.round(RoundResult(r.decision, len(drafts), r.seconds, None, 0,
+                                      drafts.exited_early,
+                                      (v.pass_sessions, v.pass_tokens, v.pass_seconds),
+                                      drafts.step_seconds,
+                                      source=drafts.source if drafts else MODEL), r.seconds)
+        if self.drafter is None:
+            return
+        accepted = r.decision.num_accepted
+        if r.drafts.source == MODEL and r.drafts:
+            self.acceptance.observe(accepted, len(r.drafts))
+            self.shared.acceptance.observe(accepted, len(r.drafts))
+        self.drafter.observe(Outcome(self.committed.tokens, r.drafts, accepted, r.reply))
+
+    def bonus_seed(self, index: int) -> int | None:
+        """Sampled rounds: the seed of round `index`'s coupled bonus (specdec.coupling),
+        with which the draft draws its guess at it. None when greedy or off."""
+        if self.sampling.greedy or not self.shared.policy.couple_bonus:
+            return None
+        return derive_seed(self.sampling.seed, "bonus", index)
+
+    def finalize(self) -> None:
+        """The generation is over and the engine has let it go: its drafter learns so,
+        its sessions are released and its record closed (in the consumer's thread)."""
+        if self.drafter is not None:
+            self.drafter.finished()
+        self.pins.release_all(self.session_id)
+        self.record.finished(time.perf_counter() - self.started, self.meter.sent,
+                             self.meter.received)
+
+
+def trim(drafts: Drafts, n: int) -> Drafts:
+    """At most n of the drafts (the next one then stands as the guess)."""
+    if len(drafts) <= n:
+        return drafts
+    if n <= 0:
+        return NO_DRAFTS
+    return Drafts(drafts.tokens[:n], drafts.dists[:n], drafts.probs[:n], drafts.source,
+                  drafts.tokens[n], False, drafts.pipelined, drafts.step_seconds)
