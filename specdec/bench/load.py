@@ -32,6 +32,20 @@ from specdec.bench.load_report import Load, LoadSample, Window
 from specdec.bench.system import BASELINE
 
 SPECULATIVE = "specdec (coordinator's default K)"
+
+
+def _chat_prompts():
+    from specdec.bench.chat_prompts import PROMPTS
+    return PROMPTS
+
+
+def _bench_prompts():
+    from specdec.bench.prompts import PROMPTS
+    return PROMPTS
+
+
+# --prompts: which fixed prompt mix the streams send.
+PROMPT_SETS = {"chat": _chat_prompts, "bench": _bench_prompts}
 APIS = ("grpc", "http")
 
 
@@ -154,7 +168,6 @@ def run_levels(scenarios: Sequence, levels: Sequence[int], load_for: Callable[[i
 def run(args: argparse.Namespace) -> int:
     from specdec import stack
     from specdec.bench import drain, load_peers, load_report
-    from specdec.bench import prompts as bench_prompts
     from specdec.bench.cli import _list, machine
     from specdec.client_cli import stack_config
     from specdec.pair import placement
@@ -164,7 +177,8 @@ def run(args: argparse.Namespace) -> int:
 
     levels = sorted({int(n) for n in _list(args.concurrency)})
     apis = list(dict.fromkeys(_list(args.api)))
-    messages = tuple(m for _, m in bench_prompts.PROMPTS)
+    prompt_set = PROMPT_SETS[args.prompts]()
+    messages = tuple(m for _, m in prompt_set)
     greedy = args.temperature == 0
 
     def load_for(n: int) -> Load:
@@ -180,7 +194,8 @@ def run(args: argparse.Namespace) -> int:
                   "max_new_tokens": args.max_new_tokens, "temperature": args.temperature,
                   "requests_per_stream": None if args.duration_s else args.requests_per_stream,
                   "duration_s": args.duration_s, "repeats": args.repeats,
-                  "prompts": len(messages), "apis": apis, "command": " ".join(sys.argv),
+                  "prompts": len(messages), "prompt_set": args.prompts, "apis": apis,
+                  "command": " ".join(sys.argv),
                   "date": time.strftime("%Y-%m-%d"), "failed": {}}
     with ExitStack() as es:
         irs = {}
@@ -292,6 +307,11 @@ def add_parser(sub) -> None:
                "port 0 = a free port; the HTTP port, unless given, too.")
     p.add_argument("--concurrency", default="1,2,4,8,16,32",
                    help="concurrency levels N, comma-separated (default: %(default)s)")
+    p.add_argument("--prompts", default="chat", choices=sorted(PROMPT_SETS),
+                   help="the prompt mix: chat = general chat questions with nothing to copy "
+                        "(specdec.bench.chat_prompts, 16 prompts); bench = the shipped bench "
+                        "set (specdec.bench.prompts, 8 tasks, some with text to copy) "
+                        "(default: %(default)s)")
     p.add_argument("--max-new-tokens", type=int, default=64,
                    help="tokens per request (default: %(default)s)")
     how_long = p.add_mutually_exclusive_group()
