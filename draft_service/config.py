@@ -6,6 +6,7 @@ import argparse
 from dataclasses import dataclass, fields
 
 from specdec.runtime import layer_skip
+from specdec.runtime.fr_vocab import head_vocab_arg
 from specdec.sampling import DEFAULT_TOP_MASS, DEFAULT_TOP_N
 from specdec.service_cli import ModelServiceConfig, add_model_service_flags
 from specdec.tls import ServerTLSFields, add_server_tls_flags
@@ -26,6 +27,7 @@ class DraftConfig(ServerTLSFields, ModelServiceConfig):
     skip_on_the_fly: tuple[int, ...] = ()  # ranked layers an on-the-fly draft may skip
     skip_max: int = -1  # at most this many of them; -1 = all
     skip_window: int = 16  # rounds per on-the-fly decision
+    head_vocab: int = 0  # FR-Spec: an LM head of the N top-ranked tokens; 0 = the full head
 
 
 def parser() -> argparse.ArgumentParser:
@@ -63,6 +65,16 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--skip-window", type=int, default=16,
                    help="with --skip-on-the-fly: rounds between decisions; each decision "
                         "moves m by at most one (default: %(default)s)")
+    p.add_argument("--head-vocab", type=head_vocab_arg, default=0, metavar="N",
+                   help="FR-Spec (Zhao et al. 2025): serve the draft with an LM head of only "
+                        "the N tokens the model generates most (ranked on its own answers "
+                        "to a fixed prompt set), a cheaper output layer; tokens outside it "
+                        "are never proposed, the target still verifies over the whole "
+                        "vocabulary, so the output is unchanged. Needs --backend openvino "
+                        "and an IR exported with that head (specdec prepare --openvino "
+                        "--weights WEIGHTS --head-vocab N; tiny models are exported on the "
+                        "fly); `specdec bench-draft-head` measures N. 0 = the full head "
+                        "(default: %(default)s)")
     add_server_tls_flags(p)
     return p
 

@@ -90,6 +90,9 @@ def parser() -> argparse.ArgumentParser:
     from specdec.bench.pass_width import add_parser as add_bench_pass_width
 
     add_bench_pass_width(sub)
+    from specdec.bench.draft_head import add_parser as add_bench_draft_head
+
+    add_bench_draft_head(sub)
     from specdec.scale.cli import add_parser as add_bench_scale
 
     add_bench_scale(sub)

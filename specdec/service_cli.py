@@ -177,18 +177,24 @@ def load_backend(cfg: ModelServiceConfig):
     if order and (skip or cfg.backend == "openvino"):
         raise ValueError("--skip-on-the-fly needs --backend torch and no --skip-layers (it "
                          "chooses the set itself, from the whole model)")
-    backend = _load_backend(cfg, skip, order)
+    head = int(getattr(cfg, "head_vocab", 0))  # an FR-Spec draft's sliced LM head
+    if head and cfg.backend != "openvino":
+        raise ValueError(f"--head-vocab {head} needs --backend openvino (the sliced head is "
+                         "an exported IR: specdec prepare --openvino --weights WEIGHTS "
+                         f"--head-vocab {head})")
+    backend = _load_backend(cfg, skip, order, head)
     backend.skip_layers = skip
     return backend
 
 
-def _load_backend(cfg: ModelServiceConfig, skip: tuple[int, ...], order: tuple[int, ...] = ()):
+def _load_backend(cfg: ModelServiceConfig, skip: tuple[int, ...], order: tuple[int, ...] = (),
+                  head: int = 0):
     if cfg.backend == "openvino":
         from specdec.runtime.openvino_backend import OpenVINOBackend
         from specdec.runtime.openvino_export import resolve_ir
         from specdec.runtime.openvino_paged import PagedOpenVINOBackend
 
-        ir_dir, model_id = resolve_ir(cfg.model, cfg.weights, skip)
+        ir_dir, model_id = resolve_ir(cfg.model, cfg.weights, skip, head)
         kind = PagedOpenVINOBackend if cfg.kv_layout == "paged" else OpenVINOBackend
         return kind(ir_dir, cfg.device or "CPU", cfg.threads,
                                cfg.kv_cache_precision, cfg.performance_hint, model_id=model_id,
@@ -276,6 +282,9 @@ def log_start(kind: str, cfg: ModelServiceConfig, port: int, model: CachedModel)
     order = getattr(cfg, "skip_on_the_fly", ())
     if order:
         extra += f" skip-on-the-fly={','.join(map(str, order))}"
+    head = getattr(model.backend, "head_vocab", 0)
+    if head:
+        extra += f" head-vocab={head}"
     if cfg.cpus:
         extra += f" cpus={cfg.cpus}"
     if cfg.metrics_port > 0:

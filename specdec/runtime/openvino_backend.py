@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from specdec.runtime.fr_head import HeadMap
 from specdec.runtime.models import LoadedModel, tokenizer_digest
 
 log = logging.getLogger(__name__)
@@ -127,6 +128,11 @@ class OpenVINOBackend:
         hf_config = json.loads((ir_dir / "config.json").read_text())
         tokenizer = AutoTokenizer.from_pretrained(str(ir_dir), local_files_only=True)
         self.vocab_size = int(hf_config["vocab_size"])
+        # An FR-Spec draft's IR computes only its head's rows (specdec.runtime.fr_head);
+        # forward scatters them back into full-vocabulary rows, -inf elsewhere.
+        self.head = HeadMap.load(ir_dir, self.vocab_size)
+        self.head_vocab = self.head.size if self.head is not None else 0
+        self._check_head_width(ir_dir)
         self.max_context = int(hf_config.get("max_position_embeddings", 2048))
         self.loaded = LoadedModel(None, model_id or ir_dir.name, self.vocab_size,
                                   tokenizer_digest(tokenizer), self.max_context, tokenizer)
@@ -137,6 +143,21 @@ class OpenVINOBackend:
 
     def _compile(self, core, xml: Path, device: str, config: dict):
         return core.compile_model(str(xml), device, config)
+
+    def _check_head_width(self, ir_dir: Path) -> None:
+        if self.head is None:
+            return
+        width = self.compiled.output("logits").get_partial_shape()[-1]
+        if width.is_static and width.get_length() != self.head.size:
+            raise ValueError(f"{ir_dir}: the IR's logits have {width.get_length()} columns "
+                             f"but its head_ids.json lists {self.head.size} ids")
+
+    def _rows(self, logits) -> torch.Tensor:
+        """The IR's logits rows [n, width] as float32 [n, vocab_size] (a sliced head's
+        scattered back, -inf outside it)."""
+        if self.head is not None:
+            return self.head.expand(logits)
+        return torch.from_numpy(np.array(logits, dtype=np.float32))
 
     def new_cache(self) -> OVCache:
         with self._lock:  # create_infer_request is cheap but not documented thread-safe
@@ -202,8 +223,7 @@ class OpenVINOBackend:
         cache.request.infer(inputs)
         cache.live = live
         cache.length = past + n
-        logits = cache.request.get_tensor("logits").data[0, -keep_last:]
-        return torch.from_numpy(np.array(logits, dtype=np.float32))
+        return self._rows(cache.request.get_tensor("logits").data[0, -keep_last:])
 
     def forward_batch(self, items: list[tuple[OVCache, list[int], int]]) -> list[torch.Tensor]:
         """One infer request per session: a batch runs as consecutive passes (the

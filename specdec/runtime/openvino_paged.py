@@ -179,12 +179,11 @@ class PagedOpenVINOBackend(OpenVINOBackend):
             "block_indices_begins": np.asarray(block_begins, dtype=np.int32),
             "max_context_len": np.asarray(longest, dtype=np.int32),
         })
-        logits = self._request.get_tensor("logits").data  # [rows, 1, V]
+        logits = self._request.get_tensor("logits").data  # [rows, 1, V or a head's N]
         out, row = [], 0
         for (cache, tokens, keep_last), end in zip(items, begins[1:], strict=True):
             first = row if self._gathers else end - keep_last
-            out.append(torch.from_numpy(np.array(logits[first:first + keep_last, 0],
-                                                  dtype=np.float32)))
+            out.append(self._rows(logits[first:first + keep_last, 0]))
             row += keep_last
             cache.length += len(tokens)
         return out

@@ -1,0 +1,123 @@
+"""The prompts whose answers rank the vocabulary of an FR-Spec draft head
+(specdec.runtime.fr_vocab).
+
+Everyday chat and instruction requests, written for this purpose: advice, how-to,
+explanations, short writing, small code and arithmetic, lists, comparisons. Fixed, and
+not tuned to any result. None of them is in the evaluation sets (specdec.bench.prompts,
+specdec.bench.chat_prompts, specdec.bench.open_prompts), nor on their topics, so a bench
+that measures a sliced head on those sets does not measure it on the text it was ranked
+on. Changing this list changes the ranking's recipe digest, so a cached ranking and
+every sliced export made from it are rebuilt.
+"""
+
+from __future__ import annotations
+
+PROMPTS: list[str] = [
+    # practical how-to
+    "How do I get a red wine stain out of a white cotton shirt?",
+    "What is the easiest way to keep fresh herbs from wilting in the fridge?",
+    "How can I make my small apartment feel less cluttered?",
+    "Explain how to change a flat tire on a car, step by step.",
+    "How do I descale an electric kettle?",
+    "What should I check before buying a used bicycle?",
+    "How do I back up the photos on my phone so I never lose them?",
+    "Give me a simple weekly cleaning schedule for a two-bedroom flat.",
+    "How can I stop my glasses from fogging up when I wear a mask?",
+    "What is the right way to sharpen a kitchen knife?",
+    "How do I choose a good watermelon at the market?",
+    "My laptop is running slowly. What are some things I can try?",
+    # cooking
+    "Give me a recipe for fluffy pancakes without buttermilk.",
+    "How long should I boil an egg for a soft, runny yolk?",
+    "What can I cook with rice, eggs, frozen peas and soy sauce?",
+    "How do I make a basic tomato sauce from canned tomatoes?",
+    "What is the difference between baking soda and baking powder?",
+    "Suggest three healthy snacks I can take to work.",
+    "How do I keep homemade bread from going stale so quickly?",
+    "Write a shopping list for a simple Sunday roast chicken dinner for four people.",
+    # explanations: science, nature, technology
+    "How does a refrigerator keep food cold?",
+    "Why do cats purr?",
+    "How do noise-cancelling headphones work?",
+    "What causes thunder and lightning?",
+    "Explain what a credit score is and how it is calculated.",
+    "How do vaccines train the immune system?",
+    "Why does bread rise when it bakes?",
+    "What is the difference between weather and climate?",
+    "How does GPS know where my phone is?",
+    "Why do onions make people cry?",
+    "Explain in simple terms what inflation is.",
+    "How do solar panels turn sunlight into electricity?",
+    "What is the difference between a virus and a bacterium?",
+    "Why do we get goosebumps?",
+    "How does a microwave oven heat food?",
+    "What makes a rainbow appear after rain?",
+    # history, culture, places
+    "Who built the pyramids of Giza, and how long did it take?",
+    "Tell me a few interesting facts about octopuses.",
+    "What was the Silk Road, and why was it important?",
+    "Why is Venice built on water?",
+    "Give me a short history of the bicycle.",
+    "What are the main differences between the Olympic and the Paralympic Games?",
+    "Who was Marie Curie, and what did she discover?",
+    "What is the origin of the tradition of birthday cakes?",
+    # personal advice, work, study
+    "How can I get better at waking up early?",
+    "I have to give a short speech at my sister's wedding. Any tips?",
+    "How do I politely decline an invitation to a party?",
+    "What are some good ways to make friends after moving to a new city?",
+    "How can I stay motivated when working from home?",
+    "What should I include in a cover letter for a junior accountant job?",
+    "How do I prepare for a long flight with a toddler?",
+    "How can I reduce the time I spend on my phone each day?",
+    "I feel nervous before exams. How can I calm down?",
+    "How should I ask for a raise at work?",
+    "What are some tips for running my first five-kilometre race?",
+    "How can I be a better listener in conversations?",
+    "My neighbour plays loud music late at night. How should I handle it?",
+    "How do I start saving for retirement in my twenties?",
+    # writing tasks
+    "Write a short thank-you note to a teacher who helped me a lot this year.",
+    "Write a four-line poem about autumn leaves.",
+    "Write a friendly text message inviting my colleagues to a picnic on Saturday.",
+    "Write a short product description for a reusable water bottle.",
+    "Write a haiku about the city at night.",
+    "Write a short bedtime story about a brave little turtle.",
+    "Draft a message to my landlord saying the heating in my flat is broken.",
+    "Write a two-sentence horror story set in a library.",
+    "Write a limerick about a cat who loves cheese.",
+    "Write a short review of a fictional Italian restaurant.",
+    "Rewrite this sentence to sound more formal: 'Hey, can you send me that file asap?'",
+    "Write an apology email to a customer whose order arrived late.",
+    # code
+    "Write a Python function that reverses the words in a sentence.",
+    "How do I read a CSV file in Python and print each row?",
+    "Explain what a for loop is to someone who has never programmed.",
+    "Write a JavaScript function that returns the largest number in an array.",
+    "What is the difference between a list and a tuple in Python?",
+    "Write a SQL query that counts the customers in each country.",
+    "How do I undo the last commit in git without losing my changes?",
+    "Write a Python function that counts how often each letter appears in a string.",
+    "What does HTTP status code 404 mean?",
+    "Write a bash command that finds all files larger than 100 MB in a folder.",
+    # arithmetic and reasoning
+    "If a train travels 180 kilometres in two hours, what is its average speed?",
+    "A shirt costs 40 dollars and is on sale for 25 percent off. What is the sale price?",
+    "How many minutes are there in a week?",
+    "I have 3 apples and buy twice as many. Then I eat 2. How many do I have?",
+    "What is 15 percent of 260?",
+    "Convert 72 degrees Fahrenheit to Celsius and show the steps.",
+    # lists, comparisons, recommendations
+    "List five board games that are fun for a family with young children.",
+    "What are the pros and cons of living in a big city?",
+    "Compare electric cars and petrol cars for someone who drives a lot.",
+    "Recommend a few classic novels for someone who wants to start reading more.",
+    "What are some indoor activities for kids on a snowy day?",
+    "List some ways to save water at home.",
+    "What are the main differences between a cat and a dog as a pet?",
+    "Suggest a three-day itinerary for a first visit to Rome.",
+    "What are good questions to ask when viewing an apartment to rent?",
+    "What is a good first pet for a child who has never had one?",
+    "What are the benefits of learning to play a musical instrument?",
+    "Give me ideas for a cheap but fun date night at home.",
+]
