@@ -22,14 +22,17 @@ import tempfile
 import threading
 import time
 
-from coordinator.config import CoordinatorConfig, from_args
+from coordinator.config import RAY_ENVIRONMENT, CoordinatorConfig, from_args
 
 log = logging.getLogger("coordinator")
 
 
 def ray_environment(cfg: CoordinatorConfig) -> None:
-    """Token auth with a per-run token in the environment (must precede `import ray`)."""
+    """Token auth with a per-run token in the environment, and RAY_ENVIRONMENT (must
+    precede `import ray`)."""
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    for key, value in RAY_ENVIRONMENT.items():
+        os.environ.setdefault(key, value)
     if not cfg.ray_address:
         os.environ.setdefault("RAY_AUTH_MODE", "token")
         os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(32))
@@ -102,6 +105,42 @@ def deploy(cfg: CoordinatorConfig, tls=None):
     return front
 
 
+# Serve's proxy (it forwards every streamed chunk) and controller (it polls) are not on a
+# step's critical path; the lockstep engine in the replica and the model services are.
+BACKGROUND = ("ray::ProxyActor", "ray::ServeController")
+BACKGROUND_NICENESS = 15
+
+
+def background_serve_processes() -> None:
+    """Lower the CPU priority of the Ray cluster this process started: Serve's proxy and
+    controller (BACKGROUND), so that on a machine the model services keep busy they use
+    the services' idle moments, while the replicas keep the services' priority
+    (RAY_ENVIRONMENT). Best effort, Linux only: found as descendants of this process."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
+        if entry.isdigit():
+            try:
+                stat = open(f"/proc/{entry}/stat").read()  # noqa: SIM115 - tiny read
+                children.setdefault(int(stat[stat.rindex(")") + 2:].split()[1]),
+                                    []).append(int(entry))
+            except (OSError, ValueError):
+                continue
+    todo, lowered = list(children.get(os.getpid(), [])), []
+    while todo:
+        pid = todo.pop()
+        todo += children.get(pid, [])
+        try:
+            title = open(f"/proc/{pid}/cmdline").read()  # noqa: SIM115 - tiny read
+            if title.startswith(BACKGROUND):
+                os.setpriority(os.PRIO_PROCESS, pid, BACKGROUND_NICENESS)
+                lowered.append(title.split()[0].rstrip("\x00"))
+        except OSError:
+            continue
+    if lowered:
+        log.info("lower CPU priority (niceness %d) for %s", BACKGROUND_NICENESS,
+                 ", ".join(sorted(lowered)))
+
+
 def main(argv: list[str] | None = None) -> int:
     cfg = from_args(argv)
     logging.basicConfig(level=cfg.log_level,
@@ -125,6 +164,8 @@ def main(argv: list[str] | None = None) -> int:
             APIKeys.load(cfg.api_keys, cfg.api_key_concurrency)
         start_ray(cfg)
         front = deploy(cfg, tls)
+        if not cfg.ray_address:
+            background_serve_processes()
     except (OSError, ValueError, TimeoutError, ConnectionError) as exc:
         log.error("cannot start the coordinator: %s", exc)
         if ray.is_initialized():

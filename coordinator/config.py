@@ -13,6 +13,11 @@ from coordinator.policy import DEFAULT_POLICY as P
 from coordinator.policy import LoopPolicy
 
 DEFAULT_PORT = 50050
+# Ray runs its worker processes (a Serve replica is one) at niceness 15 by default. A
+# coordinator replica's lockstep engine is on the critical path of every step: at 15, on
+# a machine whose cores the model services keep busy, it waits for CPU between the
+# services' calls. Wherever specdec starts Ray, its workers run at the services' priority.
+RAY_ENVIRONMENT = {"RAY_worker_niceness": "0"}
 DEFAULT_HTTP_PORT = 8000
 
 

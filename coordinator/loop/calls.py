@@ -20,11 +20,8 @@ which replica answers or how often it was asked.
 
 from __future__ import annotations
 
-import grpc
-
-from coordinator.clients import ItemFailure, verify_request
-from coordinator.link import RESYNC_CODES
-from specdec.errors import InvalidArgument, ResourceExhausted, Unavailable
+from coordinator.clients import ItemFailure
+from specdec.errors import Unavailable
 
 ATTEMPTS = 4  # sends of one round within a step, at most
 
@@ -53,18 +50,15 @@ def collect(sent: list, timeout: float | None) -> float:
         outcomes = call.outcomes(timeout)
         longest = max(longest, call.seconds)
         for r, outcome in zip(group, outcomes, strict=True):
-            r.reply = outcome
-            r.gen.record.rpc("propose", call.seconds)
-            if not isinstance(outcome, ItemFailure):
-                r.gen.meter.sent += r.predraft.request.ByteSize()
-                r.gen.meter.received += outcome.ByteSize()
+            r.drafted(outcome, call.seconds)
     return longest
 
 
-def fetch(gens: list, ks: list[int], guess: bool = False) -> float:
+def fetch(gens: list, ks: list[int], guess: bool = False) -> tuple[float, list]:
     """Each generation's drafts for this round (and with `guess` a guess at its bonus),
-    asked for and waited for before its Verify; returns the longest call's wall time."""
-    asks = []
+    asked for and waited for before its Verify; returns the longest call's wall time and
+    every (request, reply)."""
+    asks, answers = [], []
     longest = 0.0
     for gen, k in zip(gens, ks, strict=True):
         pre = gen.drafter.fetch(gen.committed.tokens, k, guess,
@@ -74,11 +68,12 @@ def fetch(gens: list, ks: list[int], guess: bool = False) -> float:
             asks.append((gen, pre))
     for replica, group in _by_replica(asks, lambda a: a[1].replica).values():
         call = replica.client.propose_batch([pre.request for _, pre in group])
-        for (gen, _), outcome in zip(group, call.outcomes(None), strict=True):
+        for (gen, pre), outcome in zip(group, call.outcomes(None), strict=True):
             gen.record.rpc("propose", call.seconds)
             gen.drafter.fetched(outcome)
+            answers.append((pre.request, outcome))
         longest = max(longest, call.seconds)
-    return longest
+    return longest, answers
 
 
 def verify(rounds: list) -> float:
@@ -99,8 +94,8 @@ def verify(rounds: list) -> float:
             for r, outcome in zip(group, outcomes, strict=True):
                 r.gen.record.rpc("verify", call.seconds)
                 if not isinstance(outcome, ItemFailure):
-                    _verified(r, outcome)
-                elif _fixable(r, outcome, tried[id(r)]) and attempt + 1 < ATTEMPTS:
+                    r.verified(outcome)
+                elif r.repair(outcome, tried[id(r)]) and attempt + 1 < ATTEMPTS:
                     again.append(r)
                 elif r.error is None:
                     r.error = Unavailable(f"the target failed this generation's round "
@@ -108,54 +103,3 @@ def verify(rounds: list) -> float:
                                           f"{outcome.message}")
         todo = again
     return longest
-
-
-def _verified(r, response) -> None:
-    from coordinator.clients import target_round_of
-
-    link = r.gen.target
-    link.router.mark_ok(link.replica)
-    link.view.served(r.sent, response.cached_len)
-    r.gen.meter.sent += r.request.ByteSize()
-    r.gen.meter.received += response.ByteSize()
-    r.verdict = target_round_of(response)
-
-
-def _fixable(r, failure: ItemFailure, tried: list[str]) -> bool:
-    """Fix what made the round fail so that it can be re-sent (True), or set its error."""
-    link = r.gen.target
-    code = failure.code
-    if code == grpc.StatusCode.INVALID_ARGUMENT:
-        r.error = InvalidArgument(f"target refused the request: {failure.message}")
-        return False
-    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
-        r.error = ResourceExhausted(f"target is full: {failure.message}")
-        return False
-    if code in RESYNC_CODES and not failure.whole:
-        link.record.resync("verify")
-        held = failure.cached_len
-        if held is not None and held < r.request.keep_len:
-            link.view.truncate(held)
-        else:
-            link.view.forget()
-    else:
-        try:
-            link.repin(code, failure.message, tried)
-        except Unavailable as e:
-            r.error = e
-            return False
-    sent = r.sent
-    prefix = r.gen.committed if not r.partial else None
-    sync = link.plan(prefix if prefix is not None else _prefix(sent))
-    drafts = list(r.drafts.tokens)
-    r.request = verify_request(sync, drafts, list(r.drafts.dists), r.gen.sampling,
-                               r.request.round_seed,
-                               bonus_seed=r.request.bonus_seed
-                               if r.request.HasField("bonus_seed") else None)
-    return True
-
-
-def _prefix(tokens: list[int]):
-    from specdec.digest import TokenPrefix
-
-    return TokenPrefix(tokens)

@@ -18,7 +18,7 @@ from coordinator.adaptive import AdaptiveK
 from coordinator.clients import WireBytes
 from coordinator.contrastive_round import contrastive_round
 from coordinator.link import DraftLink, TargetLink
-from coordinator.loop.generation import RoundOutput
+from coordinator.loop.round import RoundOutput
 from coordinator.predraft import PreDrafts
 from coordinator.record import LoopStats, Recorder
 from coordinator.routing import Pins

@@ -29,8 +29,10 @@ import threading
 import time
 
 from coordinator.loop import calls
-from coordinator.loop.generation import Generation, Round
+from coordinator.loop.generation import Generation
+from coordinator.loop.governor import Governor
 from coordinator.loop.plan import Planner
+from coordinator.loop.round import Round
 
 log = logging.getLogger(__name__)
 
@@ -42,8 +44,10 @@ MIN_DRAFT_WAIT_S = 1.0
 
 
 class Engine:
-    def __init__(self, planner: Planner, pipelined: bool = True, name: str = "lockstep"):
+    def __init__(self, planner: Planner, pipelined: bool = True, name: str = "lockstep",
+                 governor: Governor | None = None):
         self.planner, self.pipelined = planner, pipelined
+        self.governor = governor if governor is not None else Governor(planner.adaptive)
         self._joining: list[Generation] = []
         self._live: list[Generation] = []
         self._cond = threading.Condition()
@@ -107,12 +111,10 @@ class Engine:
     def step(self, gens: list[Generation]) -> None:
         """One round of every generation: propose, verify, decide, observe."""
         started = time.perf_counter()
-        candidates = [g.candidate() for g in gens]
+        drafting = self.governor.drafting(len(gens))
+        candidates = [g.candidate(drafting) for g in gens]
         ks = self.planner.plan(candidates)
-        if not self.pipelined:
-            calls.fetch(gens, ks)  # sequential: the drafts first, then the Verify
-        elif fetch := self._to_fetch(candidates, ks):  # pipelined, but pre-drafts missed
-            calls.fetch([gens[i] for i in fetch], [ks[i] for i in fetch], guess=True)
+        fetch_s = self._fetch(gens, candidates, ks)  # drafts the Verify must wait for
         rounds = [g.start(k, self.pipelined) for g, k in zip(gens, ks, strict=True)]
         sent = calls.send_predrafts([r for r in rounds if r.predraft is not None])
         verify_s = calls.verify(rounds)
@@ -123,31 +125,46 @@ class Engine:
         for r in rounds:
             r.seconds = wall
             self._settle(r, r.gen.observe)
-        self._measure(rounds, wall, verify_s, draft_s)
+        self._measure(rounds, wall, verify_s, draft_s, fetch_s)
+        self.governor.observe(len(gens), sum(len(r.output.tokens) for r in rounds
+                                             if r.output is not None), wall)
         if log.isEnabledFor(logging.DEBUG):
             log.debug("step %d: %d gens, a %s, K %s, drafts %s, wall %.1f ms, verify %.1f "
-                      "ms, draft %.1f ms, costs %s", self.steps, len(gens),
+                      "ms, draft %.1f ms, arm %s, costs %s; %s", self.steps, len(gens),
                       [round(c.acceptance, 2) for c in candidates], ks,
                       [len(r.drafts) for r in rounds], wall * 1e3, verify_s * 1e3,
-                      draft_s * 1e3, self.planner.describe())
+                      draft_s * 1e3, self.governor.arm, self.planner.describe(),
+                      self.governor.describe())
         for r in rounds:
             self._publish(r)
         self.steps += 1
 
+    def _fetch(self, gens: list[Generation], candidates: list, ks: list[int]) -> float:
+        """Draft what this step's Verify must wait for: every round's drafts when
+        sequential, else those of the rounds whose pre-draft missed (`_to_fetch`).
+        Returns the seconds it took."""
+        chosen = range(len(gens)) if not self.pipelined else self._to_fetch(candidates, ks)
+        if not chosen:
+            return 0.0
+        seconds, answers = calls.fetch([gens[i] for i in chosen], [ks[i] for i in chosen],
+                                       guess=self.pipelined)
+        if answers:
+            measure_drafting(self.planner.costs, answers, seconds)
+        return seconds
+
     def _to_fetch(self, candidates: list, ks: list[int]) -> list[int]:
-        """The generations to draft for before this step's Verify: those whose pre-draft
-        missed (none at hand) and whose draft session is warm (a cold one prefills beside
-        the target's prefill instead, its first token standing for the target's). A
-        request that set K always has them drafted, so that its rounds, and a seeded
-        sampled generation's text, do not depend on timing; for the others the planner
-        judges whether it pays."""
-        missing = [i for i, c in enumerate(candidates)
-                   if ks[i] and c.drafts_with_model and not c.ready and not c.cold]
-        fixed = [i for i in missing if candidates[i].fixed]
-        free = [i for i in missing if not candidates[i].fixed]
-        if free and self.planner.fetch_pays(candidates, ks, free):
-            return fixed + free
-        return fixed
+        """The generations to draft for before this step's Verify, pipelined: those whose
+        pre-draft missed (none at hand) and whose draft session is warm (a cold one
+        prefills beside the target's prefill instead, its first token standing for the
+        target's), when the planner judges it pays. A request that set K never waits
+        (its round after a miss has no model drafts while the next pre-draft starts from
+        the corrected ids), so that its rounds, and a seeded sampled generation's text,
+        do not depend on timing."""
+        missing = [i for i, c in enumerate(candidates) if ks[i] and c.drafts_with_model
+                   and not c.ready and not c.cold and not c.fixed]
+        if missing and self.planner.fetch_pays(candidates, ks, missing):
+            return missing
+        return []
 
     def _settle(self, r: Round, part) -> None:
         """Run one generation's part of the step; its own failure ends it alone."""
@@ -169,19 +186,17 @@ class Engine:
             gen.outputs.put(r.output)
 
     def _measure(self, rounds: list[Round], wall: float, verify_s: float,
-                 draft_s: float) -> None:
+                 draft_s: float, fetch_s: float) -> None:
         """Teach the planner what this step's calls cost (one replica of each service:
         the calls' wall times against what they carried)."""
         costs = self.planner.costs
         tokens = sum(len(r.request.new_tokens) for r in rounds if r.verdict is not None)
         if tokens and verify_s > 0:
             costs.target.add((1.0, tokens), verify_s)
-        asked = [r.predraft.request for r in rounds if r.predraft is not None]
+        asked = [r for r in rounds if r.predraft is not None]
         if asked and draft_s > 0:
-            passes = max(q.num_tokens for q in asked)
-            fed = sum(len(q.new_tokens) + q.num_tokens - 1 for q in asked)
-            costs.draft.add((1.0, passes, fed), draft_s)
-        costs.step(wall, max(verify_s, draft_s))
+            measure_drafting(costs, [(r.predraft.request, r.reply) for r in asked], draft_s)
+        costs.step(wall, fetch_s + max(verify_s, draft_s))
 
     def _end(self, gen: Generation, error: BaseException | None = None, final=None) -> None:
         """Let `gen` go: the engine no longer touches it, and its consumer gets the last
@@ -196,3 +211,12 @@ class Engine:
         elif final is not None:
             gen.outputs.put(final)
         gen.closed.set()
+
+
+def measure_drafting(costs, answers: list, seconds: float) -> None:
+    """Teach `costs` what a ProposeBatch of these (request, reply) items cost."""
+    passes = max(q.num_tokens for q, _ in answers)
+    first = sum(len(q.new_tokens) for q, _ in answers)
+    pass_s = max((a.step_seconds for _, a in answers if hasattr(a, "step_seconds")),
+                 default=0.0)
+    costs.drafted(passes, len(answers), first, seconds, pass_s)

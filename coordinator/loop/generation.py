@@ -17,10 +17,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from coordinator.clients import WireBytes, verify_request
-from coordinator.drafters.base import MODEL, NO_DRAFTS, Drafts, Outcome
+from coordinator.clients import WireBytes
+from coordinator.drafters.base import MODEL, NO_DRAFTS, Outcome
 from coordinator.link import DraftLink, TargetLink
 from coordinator.loop.plan import Acceptance, Candidate
+from coordinator.loop.round import Round, RoundOutput, trim
 from coordinator.record import LoopStats, Recorder, RoundResult
 from coordinator.routing import Pins
 from specdec.digest import TokenPrefix
@@ -29,38 +30,6 @@ from specdec.sampling import SamplingParams, derive_seed, generator
 from specdec.verify import Decision, TokenKind, decide
 
 PREFILL_CHUNK = 512  # prompt tokens a target prefill feeds per step at most
-
-
-@dataclass
-class RoundOutput:
-    tokens: list[int]
-    kinds: list[TokenKind]
-    finish_reason: str | None  # set on the last round
-
-
-@dataclass
-class Round:
-    """One generation's part of one step."""
-
-    gen: Generation
-    k: int  # the planner's K (a cap on the drafts verified)
-    drafts: Drafts
-    index: int
-    u: list[float]  # one uniform per draft
-    request: object = None  # target_pb2.VerifyRequest, planned from the target's view
-    predraft: object = None  # the drafter's request for the next round (if any)
-    partial: bool = False  # a chunk of a long prefill: nothing is decided
-    verdict: object = None  # TargetRound, once verified
-    error: BaseException | None = None  # the generation fails with this
-    reply: object = None  # the draft service's reply to `predraft`
-    decision: Decision | None = None
-    output: RoundOutput | None = None
-    sent: list[int] = field(default_factory=list)  # the ids the Verify leaves the target with
-    seconds: float = 0.0
-
-    @property
-    def round_seed(self) -> int:
-        return derive_seed(self.gen.sampling.seed, "round", self.index)
 
 
 @dataclass
@@ -117,12 +86,15 @@ class Generation:
     def remaining(self) -> int:
         return self.max_new_tokens - self.generated
 
-    def candidate(self) -> Candidate:
+    def candidate(self, drafting: bool = True) -> Candidate:
+        """How the planner sees this generation; `drafting` False (the governor's plain
+        arm): a generation whose K is the server's drafts nothing this step."""
         model = self.draft is not None and self.draft.ready()
         fed = len(self.committed) - self.draft.view.plan(self.committed)[0] if model else 0
         target_new = len(self.committed) - self.target.view.plan(self.committed)[0]
+        may_draft = self.drafter is not None and (drafting or self.fixed_k)
         return Candidate(self.acceptance.rate,
-                         max(0, min(self.k, self.remaining - 1)) if self.drafter else 0,
+                         max(0, min(self.k, self.remaining - 1)) if may_draft else 0,
                          model, self.fixed_k, fed, self.remaining,
                          min(target_new, PREFILL_CHUNK) - 1,
                          self.drafter is not None and self.drafter.has_drafts,
@@ -139,7 +111,7 @@ class Generation:
             part = TokenPrefix(self.committed.tokens[:keep + PREFILL_CHUNK])
             r = Round(self, 0, NO_DRAFTS, self.round_index, [], partial=True,
                       sent=part.tokens)
-            r.request = verify_request(self.target.plan(part), [], [], self.sampling, 0)
+            r.plan_request()
             self.round_index -= 1  # not a round of the generation
             return r
         drafts = self.drafter.propose(self.committed.tokens, k) \
@@ -148,9 +120,7 @@ class Generation:
         u = torch.rand(len(drafts), generator=self.uniforms, dtype=torch.float64).tolist()
         r = Round(self, k, drafts, self.round_index, u,
                   sent=self.committed.tokens + list(drafts.tokens))
-        r.request = verify_request(self.target.plan(self.committed), list(drafts.tokens),
-                                   list(drafts.dists), self.sampling, r.round_seed,
-                                   bonus_seed=self.bonus_seed(r.index))
+        r.plan_request()
         after = self.remaining - len(drafts) - 2  # left if all are accepted, less one
         if pipelined and self.drafter is not None and min(k, after) > 0:
             r.predraft = self.drafter.prepare(
@@ -219,13 +189,3 @@ class Generation:
         self.pins.release_all(self.session_id)
         self.record.finished(time.perf_counter() - self.started, self.meter.sent,
                              self.meter.received)
-
-
-def trim(drafts: Drafts, n: int) -> Drafts:
-    """At most n of the drafts (the next one then stands as the guess)."""
-    if len(drafts) <= n:
-        return drafts
-    if n <= 0:
-        return NO_DRAFTS
-    return Drafts(drafts.tokens[:n], drafts.dists[:n], drafts.probs[:n], drafts.source,
-                  drafts.tokens[n], False, drafts.pipelined, drafts.step_seconds)

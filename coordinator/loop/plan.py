@@ -74,23 +74,37 @@ class Fit:
 
 @dataclass
 class Costs:
-    """What a step costs, measured as the services' calls take it: a VerifyBatch by the
-    tokens it verifies, a ProposeBatch by its passes and sessions, and the coordinator's
-    own time between the calls."""
+    """What a step costs, measured: a VerifyBatch by the tokens it verifies (its wall
+    time), a draft pass by the sessions in it (as the draft reports its passes), the rest
+    of a ProposeBatch (its first pass, which feeds each session's catch-up, and the
+    call) by the tokens that first pass feeds, and the coordinator's own time between
+    the calls."""
 
     target: Fit = field(default_factory=lambda: Fit(2))  # 1, tokens
-    draft: Fit = field(default_factory=lambda: Fit(3))  # 1, passes, tokens fed
+    draft_pass: Fit = field(default_factory=lambda: Fit(2))  # 1, sessions
+    draft_first: Fit = field(default_factory=lambda: Fit(2))  # 1, tokens fed first
     overhead_s: float | None = None
 
     @property
     def ready(self) -> bool:
-        return self.target.ready and self.draft.ready and self.overhead_s is not None
+        return self.target.ready and self.draft_pass.ready and self.draft_first.ready \
+            and self.overhead_s is not None
 
     def verify_s(self, tokens: float) -> float:
         return self.target(1.0, tokens)
 
-    def draft_s(self, passes: int, tokens: float) -> float:
-        return self.draft(1.0, passes, tokens)
+    def draft_s(self, passes: int, sessions: int, first_tokens: float) -> float:
+        """A ProposeBatch of `passes` passes over `sessions` sessions whose first pass
+        feeds `first_tokens` in all."""
+        return self.draft_first(1.0, first_tokens) + \
+            (passes - 1) * self.draft_pass(1.0, sessions)
+
+    def drafted(self, passes: int, sessions: int, first_tokens: int, wall_s: float,
+                pass_s: float) -> None:
+        """A ProposeBatch took `wall_s`; its passes after the first took `pass_s` each."""
+        if passes > 1 and pass_s > 0:
+            self.draft_pass.add((1.0, sessions), pass_s)
+        self.draft_first.add((1.0, first_tokens), wall_s - (passes - 1) * pass_s)
 
     def step(self, wall_s: float, services_s: float) -> None:
         self.overhead_s = ema(self.overhead_s, max(0.0, wall_s - services_s), 0.9)
@@ -164,11 +178,12 @@ class Planner:
         ready = [i for i, g in enumerate(gens) if g.ready and ks[i]]
         base_tokens = sum(exp[i] for i in ready) + len(gens) - len(ready)
         target = sum(g.extra_target_tokens + 1 for g in gens) + sum(ks[i] for i in ready)
-        drafting = self.costs.draft_s(max(ks) + 1, sum(ks[i] + 1 for i in ready + missing))
+        drafting = self.costs.draft_s(max(ks) + 1, len(ready) + len(missing),
+                                      2 * (len(ready) + len(missing)))
         o = self.costs.overhead_s or 0.0
         without = base_tokens / (max(self.costs.verify_s(target), drafting) + o)
-        first = self.costs.draft_s(max(ks[i] for i in missing) + 1,
-                                   sum(gens[i].catch_up + ks[i] for i in missing))
+        first = self.costs.draft_s(max(ks[i] for i in missing) + 1, len(missing),
+                                   sum(gens[i].catch_up for i in missing))
         more = sum(exp[i] - 1 for i in missing)
         extra = sum(ks[i] for i in missing)
         with_ = (base_tokens + more) / (
@@ -179,10 +194,11 @@ class Planner:
         c = self.costs
         if not c.ready:
             return "not measured yet"
-        t, d = c.target.coef(), c.draft.coef()
-        return (f"verify {t[0] * 1e3:.1f} + {t[1] * 1e3:.2f}/token ms, propose "
-                f"{d[0] * 1e3:.1f} + {d[1] * 1e3:.2f}/pass + {d[2] * 1e3:.2f}/token ms, "
-                f"overhead {c.overhead_s * 1e3:.1f} ms")
+        t, p, f = c.target.coef(), c.draft_pass.coef(), c.draft_first.coef()
+        return (f"verify {t[0] * 1e3:.1f} + {t[1] * 1e3:.2f}/token ms, draft pass "
+                f"{p[0] * 1e3:.1f} + {p[1] * 1e3:.2f}/session ms, first pass and call "
+                f"{f[0] * 1e3:.1f} + {f[1] * 1e3:.2f}/token ms, overhead "
+                f"{c.overhead_s * 1e3:.1f} ms")
 
     def goodput(self, gens: list[Candidate], model: list[int], k: int, m: int) -> float:
         """Expected tokens per second of a step where the first m of `model` draft k
@@ -201,10 +217,10 @@ class Planner:
             tokens += per_step - 1
             target_tokens += pi * kk
             steps_left = max(1.0, g.remaining / per_step)
-            fed += kk + g.catch_up * min(1.0, AMORTISE_STEPS / steps_left)
+            fed += 1 + g.catch_up * min(1.0, AMORTISE_STEPS / steps_left)
         seconds = self.costs.verify_s(target_tokens)
         if m:
-            seconds = max(seconds, self.costs.draft_s(k + 1, fed))
+            seconds = max(seconds, self.costs.draft_s(k + 1, m, fed))
         return tokens / (seconds + (self.costs.overhead_s or 0.0))
 
 

@@ -34,8 +34,9 @@ from coordinator.hybrid import LOOKUP, MODEL, LookupSettings
 from coordinator.lookup import OutputCache
 from coordinator.loop.contrastive import contrastive_rounds
 from coordinator.loop.engine import Engine
-from coordinator.loop.generation import Generation, RoundOutput, Shared
+from coordinator.loop.generation import Generation, Shared
 from coordinator.loop.plan import Planner
+from coordinator.loop.round import RoundOutput
 from coordinator.policy import DEFAULT_POLICY, LoopPolicy
 from coordinator.record import LoopStats
 from coordinator.routing import Router

@@ -24,6 +24,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from coordinator.config import RAY_ENVIRONMENT
 from specdec import launcher
 from specdec.netns_lan import Lan, stop_group
 
@@ -82,7 +83,7 @@ class RayCluster:
     def __init__(self, lan: Lan, head: str, workers: Sequence[str], cpus: int = 2):
         self.lan, self.head, self.workers, self.cpus = lan, head, list(workers), cpus
         self.env = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32),
-                    "RAY_USAGE_STATS_ENABLED": "0"}
+                    "RAY_USAGE_STATS_ENABLED": "0", **RAY_ENVIRONMENT}
         # Short: Ray's socket paths (AF_UNIX, at most 107 bytes) live under it.
         self.tmp = tempfile.mkdtemp(prefix="sdray")
         self.procs: dict[str, subprocess.Popen] = {}
