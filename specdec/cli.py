@@ -90,6 +90,9 @@ def parser() -> argparse.ArgumentParser:
     from specdec.bench.pass_width import add_parser as add_bench_pass_width
 
     add_bench_pass_width(sub)
+    from specdec.bench.batch_rpc import add_parser as add_bench_batch_rpc
+
+    add_bench_batch_rpc(sub)
     from specdec.bench.draft_head import add_parser as add_bench_draft_head
 
     add_bench_draft_head(sub)
