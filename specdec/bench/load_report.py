@@ -88,20 +88,38 @@ class Load:
 
 
 DEFINITIONS = {
-    "aggregate": "aggregate tok/s = every token the clients received in a (scenario, N) "
-                 "window divided by its wall time, from the streams' common start to the "
-                 "last answer (repeats pooled).",
-    "throughput_ratio": "throughput ratio = a loop's aggregate tok/s divided by its "
-                        "baseline's at the same concurrency in the same run (specdec: "
-                        "target-only, K=0, through the same system; a GenAI peer: the "
-                        "same pipeline without its draft); not the per-request speedup "
+    "aggregate": "aggregate tok/s = the steady-state throughput of a (scenario, N) window: "
+                 "the tokens that arrived while every stream was active, over that "
+                 "interval. It runs from t_lo, the latest of the streams' first "
+                 "token-carrying chunks (every stream is producing), to t_hi, the earliest "
+                 "of the streams' ends of their last requests (none has stopped yet); every "
+                 "token-carrying chunk of every request (a failed one's too) whose arrival "
+                 "(its request's send time plus the chunk's time since, from the window's "
+                 "start) lies in (t_lo, t_hi] counts with its tokens (the chunk at t_lo was "
+                 "made before the interval). Repeats pooled: the "
+                 "tokens summed over the intervals summed. A window with no such interval "
+                 "(t_hi <= t_lo: e.g. one request per stream, all over before the last "
+                 "stream's first token, or a stream without a token) counts with its wall "
+                 "figure instead (noted below the table). The ramp and the tail are left "
+                 "out.",
+    "wall": "wall tok/s = every token the clients received in a window (a failed "
+            "request's too) divided by its wall time, from the streams' common start to "
+            "the last answer (repeats pooled): ramp and tail included.",
+    "throughput_ratio": "throughput ratio = a loop's aggregate (steady-state) tok/s "
+                        "divided by its baseline's at the same concurrency in the same run "
+                        "(specdec: target-only, K=0, through the same system; a GenAI peer: "
+                        "the same pipeline without its draft); not the per-request speedup "
                         "of docs/design.md section 12.",
     "stream": "per-stream tok/s = a stream's tokens over the time from its first request "
               "sent to its last answer; the median over streams.",
     "itl": "inter-token latency (ITL) = the gap between consecutive token-carrying "
            "chunks of a request divided by the tokens in the later chunk, counted once "
            "per token (a speculative round streams several tokens in one chunk); TTFT = "
-           "request sent to its first token-carrying chunk.",
+           "request sent to its first token-carrying chunk, per successful request.",
+    "tpot": "time per output token (TPOT) = a request's decode time over the tokens after "
+            "its first: (latency - TTFT) / (tokens - 1), latency = request sent to its "
+            "last chunk, one value per successful request with at least 2 tokens (ITL "
+            "counts once per token, TPOT once per request).",
     "icl": "inter-chunk latency = the gap between consecutive content-carrying chunks "
            "of a request (a gRPC chunk or an SSE event with token ids), not divided by "
            "their tokens, counted once per gap: the ITL when each chunk is one token "
@@ -121,7 +139,7 @@ class LoadRow:
     requests: int
     tokens: int
     seconds: float  # the windows' wall time
-    aggregate_tps: float
+    aggregate_tps: float  # DEFINITIONS["aggregate"], steady state
     throughput_ratio: float | None  # DEFINITIONS["throughput_ratio"]
     stream_tps_median: float | None
     ttft_p50_ms: float | None
@@ -139,6 +157,12 @@ class LoadRow:
     icl_p50_ms: float | None = None  # DEFINITIONS["icl"]
     icl_p95_ms: float | None = None
     api: str = ""  # DEFINITIONS["api"]; "" = a peer
+    wall_tps: float | None = None  # DEFINITIONS["wall"]
+    steady_seconds: float = 0.0  # the steady intervals summed (a fallback's: its wall time)
+    steady_fallbacks: int = 0  # windows without a steady interval, counted at wall time
+    ttft_p99_ms: float | None = None
+    tpot_p50_ms: float | None = None  # DEFINITIONS["tpot"]
+    tpot_p99_ms: float | None = None
 
 
 def percentile(xs, q: float) -> float | None:
@@ -165,6 +189,33 @@ def inter_token_latencies(s: LoadSample) -> list[float]:
 def inter_chunk_latencies(s: LoadSample) -> list[float]:
     """DEFINITIONS["icl"]: seconds between a request's consecutive token chunks."""
     return [cur - prev for prev, cur in zip(s.chunk_times, s.chunk_times[1:], strict=False)]
+
+
+def time_per_output_token(s: LoadSample) -> float:
+    """DEFINITIONS["tpot"] of a request with a first token and at least 2 tokens."""
+    return (s.seconds - s.ttft) / (s.tokens - 1)
+
+
+def steady_state(w: Window) -> tuple[int, float] | None:
+    """DEFINITIONS["aggregate"] of one window: (the tokens that arrived in (t_lo, t_hi],
+    t_hi - t_lo), times from the window's start; None without such an interval. The
+    chunk that arrives at t_lo is not counted: it was made before the interval."""
+    first: dict[int, float] = {}  # stream -> its first token-carrying chunk's arrival
+    end: dict[int, float] = {}  # stream -> the end of its last request
+    for s in w.samples:
+        if s.chunk_times:
+            arrival = s.started + s.chunk_times[0]
+            first[s.stream] = min(first.get(s.stream, arrival), arrival)
+        end[s.stream] = max(end.get(s.stream, 0.0), s.started + s.seconds)
+    if not first or len(first) < max(len(end), w.concurrency):  # a stream with no token
+        return None
+    t_lo, t_hi = max(first.values()), min(end.values())
+    if t_hi <= t_lo:
+        return None
+    tokens = sum(n for s in w.samples
+                 for t, n in zip(s.chunk_times, s.chunk_tokens, strict=False)
+                 if t_lo < s.started + t <= t_hi)
+    return tokens, t_hi - t_lo
 
 
 def stream_rates(w: Window) -> list[float]:
@@ -222,15 +273,23 @@ def _row(ws: list[Window], refs: dict | None) -> LoadRow:
     itl = [x for s in ok for x in inter_token_latencies(s)]
     icl = [x for s in ok for x in inter_chunk_latencies(s)]
     rates = [x for w in ws for x in stream_rates(w)]
+    tpot = [time_per_output_token(s) for s in ok if s.tokens >= 2 and s.ttft is not None]
+    steady = [steady_state(w) for w in ws]
+    counted = [st or (sum(s.tokens for s in w.samples), w.seconds)  # a fallback: wall
+               for w, st in zip(ws, steady, strict=True)]
+    steady_tokens, steady_seconds = sum(n for n, _ in counted), sum(t for _, t in counted)
     row = LoadRow(w0.scenario, w0.concurrency, w0.baseline, len(samples), tokens, seconds,
-                  tokens / seconds if seconds else 0.0, None,
+                  steady_tokens / steady_seconds if steady_seconds else 0.0, None,
                   statistics.median(rates) if rates else None,
                   _ms(percentile(ttft, 50)), _ms(percentile(ttft, 95)),
                   _ms(percentile(itl, 50)), _ms(percentile(itl, 95)),
                   _ms(percentile([s.seconds for s in ok], 50)),
                   dict(Counter(s.error for s in samples if s.error is not None)),
                   icl_p50_ms=_ms(percentile(icl, 50)), icl_p95_ms=_ms(percentile(icl, 95)),
-                  api=w0.api)
+                  api=w0.api, wall_tps=tokens / seconds if seconds else 0.0,
+                  steady_seconds=steady_seconds, steady_fallbacks=steady.count(None),
+                  ttft_p99_ms=_ms(percentile(ttft, 99)), tpot_p50_ms=_ms(percentile(tpot, 50)),
+                  tpot_p99_ms=_ms(percentile(tpot, 99)))
     row.rounds = sum(s.rounds for s in ok)
     ks = [k for s in ok for k in s.k_per_round]
     drafted = sum(s.drafted for s in ok)
@@ -248,10 +307,10 @@ def _row(ws: list[Window], refs: dict | None) -> LoadRow:
 
 def table(rows: list[LoadRow]) -> list[str]:
     """The Markdown table, by concurrency then (api, scenario) in run order."""
-    out = ["| N | api | scenario | requests | aggregate tok/s | throughput ratio "
-           "| per-stream tok/s | TTFT p50 / p95 ms | ITL p50 / p95 ms "
-           "| inter-chunk p50 / p95 ms | latency p50 ms | mean K | acceptance | errors "
-           "| exact |", "|" + "---|" * 15]
+    out = ["| N | api | scenario | requests | aggregate tok/s | wall tok/s "
+           "| throughput ratio | per-stream tok/s | TTFT p50 / p99 ms | TPOT p50 / p99 ms "
+           "| ITL p50 / p95 ms | inter-chunk p50 / p95 ms | latency p50 ms | mean K "
+           "| acceptance | errors | exact |", "|" + "---|" * 17]
     order = {k: i for i, k in enumerate(dict.fromkeys((r.api, r.scenario) for r in rows))}
     for r in sorted(rows, key=lambda r: (r.concurrency, order[(r.api, r.scenario)])):
         errors = ", ".join(f"{k} {v}" for k, v in sorted(r.errors.items())) or "0"
@@ -259,9 +318,10 @@ def table(rows: list[LoadRow]) -> list[str]:
             f"yes ({r.compared})" if not r.mismatches else f"NO ({r.mismatches}/{r.compared})")
         out.append(
             f"| {r.concurrency} | {r.api or '-'} | {r.scenario} | {r.requests} | "
-            f"{r.aggregate_tps:.1f} | {_fmt(r.throughput_ratio, '.2f', 'x')} | "
-            f"{_fmt(r.stream_tps_median, '.1f')} | "
-            f"{_fmt(r.ttft_p50_ms, '.0f')} / {_fmt(r.ttft_p95_ms, '.0f')} | "
+            f"{r.aggregate_tps:.1f} | {_fmt(r.wall_tps, '.1f')} | "
+            f"{_fmt(r.throughput_ratio, '.2f', 'x')} | {_fmt(r.stream_tps_median, '.1f')} | "
+            f"{_fmt(r.ttft_p50_ms, '.0f')} / {_fmt(r.ttft_p99_ms, '.0f')} | "
+            f"{_fmt(r.tpot_p50_ms, '.1f')} / {_fmt(r.tpot_p99_ms, '.1f')} | "
             f"{_fmt(r.itl_p50_ms, '.1f')} / {_fmt(r.itl_p95_ms, '.1f')} | "
             f"{_fmt(r.icl_p50_ms, '.1f')} / {_fmt(r.icl_p95_ms, '.1f')} | "
             f"{_fmt(r.latency_p50_ms, '.0f')} | {_fmt(r.mean_k)} | {_fmt(r.acceptance)} | "
@@ -278,6 +338,9 @@ def markdown(rows: list[LoadRow], meta: dict) -> str:
            "window(s) per (api, scenario, N), interleaved.", ""]
     out += [f"- {d}" for d in DEFINITIONS.values()]
     out += [""] + table(rows) + [""]
+    out += [f"Steady state: {_label_of(r)} N={r.concurrency}: {r.steady_fallbacks} window(s) "
+            "had no interval with every stream active; counted at wall time."
+            for r in rows if r.steady_fallbacks]
     out += [f"Peers: {meta['peer_config']}."] if meta.get("peer_config") else []
     out += [f"Peer set-up {k}: {v}" for k, v in (meta.get("peer_setups") or {}).items()]
     out += [f"Failed and skipped: {k}: {v}" for k, v in (meta.get("failed") or {}).items()]
@@ -286,9 +349,11 @@ def markdown(rows: list[LoadRow], meta: dict) -> str:
 
 
 def load_json(path: Path) -> tuple[list[LoadRow], dict]:
-    """(rows, meta) of a load.json."""
+    """(rows, meta) of a load.json. A file from before the steady-state figure lacks the
+    newer fields (defaults); its aggregate_tps is the wall figure, so wall_tps takes it."""
     data = json.loads(Path(path).read_text())
-    return [LoadRow(**r) for r in data["rows"]], data["meta"]
+    rows = [LoadRow(**{"wall_tps": r["aggregate_tps"], **r}) for r in data["rows"]]
+    return rows, data["meta"]
 
 
 def plots(rows: list[LoadRow], out_dir: Path) -> list[Path]:
@@ -317,6 +382,17 @@ def plots(rows: list[LoadRow], out_dir: Path) -> list[Path]:
             ax.annotate(f"N={r.concurrency}", (r.aggregate_tps, r.itl_p50_ms), fontsize=6)
     _label(ax, "inter-token latency p50 (ms)", "latency vs throughput", "aggregate tokens/s")
     files.append(_save(fig, out_dir / "itl_vs_throughput.png"))
+    fig, ax = plt.subplots(figsize=(7, 6))
+    for name, rs in by_scenario.items():
+        rs = [r for r in rs if r.tpot_p50_ms is not None]
+        if rs:
+            ns = [r.concurrency for r in rs]
+            ax.plot(ns, [r.tpot_p50_ms for r in rs], "o-", label=f"{name} p50",
+                    color=color[name])
+            ax.plot(ns, [r.tpot_p99_ms for r in rs], "o--", label=f"{name} p99",
+                    color=color[name])
+    _label(ax, "time per output token (ms)", "TPOT p50 and p99 vs concurrency")
+    files.append(_save(fig, out_dir / "tpot_vs_concurrency.png"))
     ratios = {n: [r for r in rs if r.throughput_ratio is not None]
               for n, rs in by_scenario.items()}
     if any(ratios.values()):
