@@ -95,6 +95,6 @@ PACKAGES = sorted(
 
 setup(
     packages=PACKAGES,
-    package_data={"specdec.v1": ["*.pyi"], "coordinator": ["*.html"]},
+    package_data={"specdec.v1": ["*.pyi"], "coordinator.api": ["*.html"]},
     cmdclass={"build_protos": build_protos, "build_py": build_py_with_protos},
 )

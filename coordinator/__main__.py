@@ -22,7 +22,7 @@ import tempfile
 import threading
 import time
 
-from coordinator.config import RAY_ENVIRONMENT, CoordinatorConfig, from_args
+from coordinator.deploy.config import RAY_ENVIRONMENT, CoordinatorConfig, from_args
 
 log = logging.getLogger("coordinator")
 
@@ -61,12 +61,12 @@ def api_tls(cfg: CoordinatorConfig):
 
 def deploy(cfg: CoordinatorConfig, tls=None):
     """Start Serve's proxies and the app, bounded by --startup-timeout; with `tls` (a
-    ServerTLS), Serve's HTTP proxy on loopback and coordinator.front's TLS servers in
+    ServerTLS), Serve's HTTP proxy on loopback and coordinator.deploy.front's TLS servers in
     front (returned, to stop at shutdown), else None."""
     from ray import serve
     from ray.serve.config import HTTPOptions, gRPCOptions
 
-    from coordinator.app import APP_NAME, SERVICER_FUNCTIONS, application
+    from coordinator.deploy.app import APP_NAME, SERVICER_FUNCTIONS, application
 
     if tls is None:
         serve.start(
@@ -75,7 +75,7 @@ def deploy(cfg: CoordinatorConfig, tls=None):
                                      grpc_servicer_functions=SERVICER_FUNCTIONS),
         )
     else:
-        from coordinator.front import TLSFront, free_loopback_port
+        from coordinator.deploy.front import TLSFront, free_loopback_port
 
         front = TLSFront(tls, cfg.port, cfg.http_host, cfg.http_port,
                          free_loopback_port() if cfg.http_port > 0 else 0)
@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     import ray
     from ray import serve
 
-    from coordinator.setup import build_service
+    from coordinator.deploy.setup import build_service
 
     front = None
     try:
@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         # beats a replica that fails in a loop inside Serve.
         build_service(cfg)
         if cfg.api_keys:  # a bad key file fails here, not in every replica
-            from coordinator.auth import APIKeys
+            from coordinator.api.auth import APIKeys
 
             APIKeys.load(cfg.api_keys, cfg.api_key_concurrency)
         start_ray(cfg)

@@ -33,7 +33,7 @@ class LoopStats:
     accepted_per_position: list[int] = field(default_factory=list)
     head_positions: int = 0  # contrastive: positions whose V_head was scored
     head_ids: int = 0  # contrastive: the ids of those V_heads, summed
-    # Rounds drafted by the model-free look-up (coordinator.lookup), and their drafts;
+    # Rounds drafted by the model-free look-up (coordinator.drafters.trie), and their drafts;
     # included in rounds, drafted_tokens and accepted_tokens above.
     lookup_rounds: int = 0
     lookup_drafted_tokens: int = 0

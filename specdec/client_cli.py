@@ -181,6 +181,7 @@ def tls_dir(args: argparse.Namespace) -> str:
 
 
 def add_stack_flags(p: argparse.ArgumentParser) -> None:
+    from coordinator.drafters.base import DRAFTERS
     from specdec.pair import DEFAULT_PAIR
     from specdec.stack import StackConfig
 
@@ -211,7 +212,7 @@ def add_stack_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-draft", action="store_true",
                    help="start no draft service: the coordinator then drafts by look-up "
                         "alone (model-free), or decodes target-only with --drafter model")
-    p.add_argument("--drafter", default=d.drafter, choices=["model", "lookup", "hybrid"],
+    p.add_argument("--drafter", default=d.drafter, choices=list(DRAFTERS),
                    help="who drafts each round: the draft service (model), a model-free "
                         "look-up in the prompt and the text so far (lookup), or per round "
                         "whichever is expected to give more tokens/s (hybrid) "

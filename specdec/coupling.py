@@ -11,7 +11,7 @@ probability at most 2 TV(p, q) / (1 + TV(p, q)).
 Used by pipelined contrastive rounds: the coordinator draws the bonus of a round whose
 drafts were all accepted from p_cd, and the draft's pre-draft draws its guess at that
 bonus from its own q, with the same seed. A guess that agrees lets the next round start
-at once (coordinator.contrastive_round). The noise is a counter-based hash of the token
+at once (coordinator.loop.contrastive_round). The noise is a counter-based hash of the token
 id, so it does not depend on the vocabulary's size or on which ids each party holds.
 """
 

@@ -32,7 +32,7 @@ Coordinator (one registry per Serve replica):
   specdec_spec_decode_num_accepted_tokens_per_pos_total{position}  counter (0-based)
   specdec_coordinator_drafter_rounds_total{drafter}         counter  rounds with drafts,
   specdec_coordinator_drafter_draft_tokens_total{drafter}      by drafter=model|lookup
-  specdec_coordinator_drafter_accepted_tokens_total{drafter}   (coordinator.hybrid)
+  specdec_coordinator_drafter_accepted_tokens_total{drafter}   (coordinator.drafters.costs)
   specdec_coordinator_round_duration_seconds                histogram  one round
   specdec_coordinator_round_draft_tokens                    histogram  K per round (the
                                                       K load-aware K chose; 0 = target only)
@@ -310,7 +310,7 @@ class PrometheusLoopMetrics(_Exporter, LoopMetrics):
         self.drafter_counters = [Counter(
             f"specdec_coordinator_drafter_{what}_total",
             f"{help_} by the drafter that supplied them: model (the draft service) or "
-            "lookup (model-free, coordinator.lookup).", ["drafter"], registry=r)
+            "lookup (model-free, coordinator.drafters.trie).", ["drafter"], registry=r)
             for what, help_ in (("rounds", "Rounds with drafts,"),
                                 ("draft_tokens", "Draft tokens verified,"),
                                 ("accepted_tokens", "Draft tokens accepted,"))]

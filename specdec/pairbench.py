@@ -44,8 +44,8 @@ class PairResult:
 
 def measure(pair: Pair, pinned: bool, k: int, max_new_tokens: int, repeats: int,
             model: str) -> PairResult:
-    from coordinator.config import CoordinatorConfig
-    from coordinator.setup import build_service
+    from coordinator.deploy.config import CoordinatorConfig
+    from coordinator.deploy.setup import build_service
     from specdec import pair as pairs
     from specdec.bench.system import BASELINE, SystemScenario
 

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from coordinator.clients import Call
+from coordinator.remote.clients import Call
 from specdec.bench import harness
 
 
@@ -72,8 +72,8 @@ def start_tiny_services(stack: ExitStack) -> tuple[str, str]:
 def run(draft_address: str | None = None, target_address: str | None = None,
         generations: int = 20, max_new_tokens: int = 64, k: int = 4,
         temperature: float = 0.0, top_n: int = 0, prompt_len: int = 16) -> RpcBenchResult:
-    from coordinator.config import CoordinatorConfig
-    from coordinator.setup import build_service
+    from coordinator.deploy.config import CoordinatorConfig
+    from coordinator.deploy.setup import build_service
     from specdec.bench.system import BASELINE, LoopScenario
 
     with ExitStack() as stack:

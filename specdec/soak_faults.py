@@ -47,7 +47,7 @@ DEFAULT_FAULT_AT = (0.1, 0.25, 0.4)
 # After B is ready again, UNAVAILABLE stays designed this long plus B's downtime: while B
 # was down the router marked it failed on every try, doubling its back-off (2 s, 4 s,
 # 8 s, ...: the next try after B is back is at most one downtime + 2 s later), and the
-# channel's own reconnect back-off adds at most 2 s (coordinator.routing).
+# channel's own reconnect back-off adds at most 2 s (coordinator.remote.routing).
 RECOVERY_SLACK_S = 5.0
 
 

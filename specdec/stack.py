@@ -13,7 +13,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from coordinator.policy import DEFAULT_POLICY
+from coordinator.loop.policy import DEFAULT_POLICY
 from specdec import launcher
 from specdec import pair as pairs
 
@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 @dataclass
 class StackConfig:
     pair: pairs.Pair = pairs.DEFAULT_PAIR  # model, backend, weights, threads of each service
-    k: int = DEFAULT_POLICY.k  # the coordinator's defaults (coordinator.policy)
+    k: int = DEFAULT_POLICY.k  # the coordinator's defaults (coordinator.loop.policy)
     draft_port: int = 50051
     target_port: int = 50052
     port: int = 50050
@@ -31,7 +31,7 @@ class StackConfig:
     pin: bool = True  # specdec.pair.placement(): draft on the first CPU, target on the second
     pipeline: bool = DEFAULT_POLICY.pipeline
     no_draft: bool = False
-    drafter: str = DEFAULT_POLICY.drafter  # model | lookup | hybrid (coordinator.hybrid)
+    drafter: str = DEFAULT_POLICY.drafter  # model | lookup | hybrid (coordinator.drafters.costs)
     lookup_cache: int = DEFAULT_POLICY.lookup_cache  # recent outputs per tenant; 0 = off
     tls_dir: str = ""  # "" = plaintext; else dev certificates here and TLS on every hop
 

@@ -2,7 +2,7 @@
 
 "Keep the first `keep_len` tokens of your cache, whose digest is `keep_digest`, drop
 anything after them, then feed `new_tokens`." The coordinator builds one per call
-(coordinator.session.CacheView.plan); the servers check it against their session
+(coordinator.remote.view.CacheView.plan); the servers check it against their session
 (specdec.runtime.session). Propose and Verify arguments extend it.
 """
 

@@ -16,7 +16,7 @@ Clients (the coordinator): `ClientTLS(ca, cert, key, server_name)` reads and che
 files when it is made. A grpc channel's credentials are fixed when the channel is made and
 its reconnects reuse them, so a channel made before a rotation keeps presenting the old
 client certificate for as long as it lives. `reload()` says whether the files changed (and
-loaded them); the channel owner then makes new channels: coordinator.routing.Router does
+loaded them); the channel owner then makes new channels: coordinator.remote.routing.Router does
 on its next refresh (every generation asks it), so the coordinator follows rotations too.
 
 Names: a server's certificate must name what its clients dial (an IP such as 127.0.0.1, or

@@ -11,7 +11,7 @@ from collections import Counter
 import grpc
 import pytest
 
-from coordinator.clients import DraftClient, TargetClient
+from coordinator.remote.clients import DraftClient, TargetClient
 from draft_service.__main__ import create as create_draft
 from draft_service.config import DraftConfig
 from target_service.__main__ import create as create_target

@@ -1,4 +1,4 @@
-"""The coordinator's OpenAI frontend (coordinator.http_api, what the Serve deployment's
+"""The coordinator's OpenAI frontend (coordinator.api.http_api, what the Serve deployment's
 routes call) on a real uvicorn server on loopback, over an in-process GenerationService:
 for tests that need the HTTP API without Ray Serve."""
 
@@ -20,7 +20,7 @@ def serve_frontend(service, timeout_s: float = 60.0) -> Iterator[str]:
     from starlette.exceptions import HTTPException
     from starlette.routing import Route
 
-    from coordinator.http_api import OpenAIFrontend, route_error
+    from coordinator.api.http_api import OpenAIFrontend, route_error
 
     frontend = OpenAIFrontend(service, ThreadPoolExecutor(12), timeout_s)
 

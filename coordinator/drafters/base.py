@@ -25,7 +25,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-MODEL, LOOKUP, NONE = "model", "lookup", "none"
+MODEL, LOOKUP, HYBRID, NONE = "model", "lookup", "hybrid", "none"
+DRAFTERS = (MODEL, LOOKUP, HYBRID)  # --drafter: who drafts
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """The hybrid drafter: per round, the look-up's drafts or the draft model's.
 
-Each round it compares expected tokens per unit of cost (coordinator.hybrid's cost
+Each round it compares expected tokens per unit of cost (coordinator.drafters.costs's cost
 model, in one-token target rounds): the look-up's proposal costs one target round plus
 `verify_cost` a draft, and when it displaces model drafts a pre-draft already holds,
 also the pipeline's chain (the next round then has no model drafts); the model's round
@@ -17,12 +17,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from coordinator.adaptive import ema
+from coordinator.drafters.adaptive import ema
 from coordinator.drafters.base import LOOKUP, MODEL, Drafts, Outcome
+from coordinator.drafters.costs import UNIQUE, LookupSettings
 from coordinator.drafters.lookup import LookupDrafter
 from coordinator.drafters.model import ModelDrafter
-from coordinator.hybrid import UNIQUE, LookupSettings
-from coordinator.lookup import Lookup
+from coordinator.drafters.trie import Lookup
 
 _DECAY = 0.3  # weight of the newest round in the model's accepted drafts per round
 

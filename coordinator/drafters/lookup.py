@@ -1,10 +1,10 @@
 """The model-free look-up as a drafter: drafts copied from the generation's own text.
 
-A suffix trie over the prompt and the committed ids (coordinator.lookup) proposes the
+A suffix trie over the prompt and the committed ids (coordinator.drafters.trie) proposes the
 tokens that followed the longest recent match of the context's end (prompt lookup
 decoding; Saxena 2023, and the n-gram proposers of vLLM and llama.cpp). How many of them
 to send is chosen by expected tokens per cost with per-bucket acceptance learnt during
-the generation (coordinator.hybrid's cost model). Each draft's q is a point mass: it was
+the generation (coordinator.drafters.costs's cost model). Each draft's q is a point mass: it was
 chosen, not drawn, so a sampled round accepts x_i with probability p_i(x_i) and a
 rejection resamples from p_i without x_i (coordinator.lookup_round).
 
@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from coordinator.drafters.base import LOOKUP, NO_DRAFTS, Drafts, Outcome
-from coordinator.hybrid import UNIQUE, Acceptance, LookupSettings, best_length
-from coordinator.lookup import NO_LOOKUP, Lookup, OutputCache, SuffixTrie, better
+from coordinator.drafters.costs import UNIQUE, Acceptance, LookupSettings, best_length
+from coordinator.drafters.trie import NO_LOOKUP, Lookup, OutputCache, SuffixTrie, better
 from specdec import wire
 
 

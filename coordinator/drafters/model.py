@@ -21,7 +21,7 @@ Sequential (`fetch`), the drafts of a round are asked for first and the Verify w
 
 Every request is planned from the link's cache view with the sync formula, and the view
 becomes what the reply says the draft holds. A failing draft never fails a generation:
-its rounds go target-only and the link tries again after a back-off (coordinator.link).
+its rounds go target-only and the link tries again after a back-off (coordinator.remote.link).
 """
 
 from __future__ import annotations
@@ -29,11 +29,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from coordinator.adaptive import ConfidenceExit
-from coordinator.clients import ItemFailure, propose_request
+from coordinator.drafters.adaptive import ConfidenceExit
 from coordinator.drafters.base import MODEL, NO_DRAFTS, Drafts, Outcome
-from coordinator.link import RESYNC_CODES, DraftLink
 from coordinator.record import Recorder
+from coordinator.remote.clients import ItemFailure, propose_request
+from coordinator.remote.link import RESYNC_CODES, DraftLink
 from specdec import wire
 from specdec.digest import TokenPrefix
 from specdec.sampling import SamplingParams
@@ -43,7 +43,7 @@ from specdec.sampling import SamplingParams
 class PreDraft:
     """One request to the draft service, and its reply once it came."""
 
-    replica: object  # coordinator.routing.Replica the request goes to
+    replica: object  # coordinator.remote.routing.Replica the request goes to
     request: object  # draft_pb2.ProposeRequest
     assumed: list[int]  # the ids it drafts after
     lead: int  # 1: its first token guesses the token the target decides this round

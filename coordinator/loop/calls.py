@@ -20,7 +20,7 @@ which replica answers or how often it was asked.
 
 from __future__ import annotations
 
-from coordinator.clients import ItemFailure
+from coordinator.remote.clients import ItemFailure
 from specdec.errors import Unavailable
 
 ATTEMPTS = 4  # sends of one round within a step, at most

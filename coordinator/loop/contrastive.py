@@ -1,6 +1,6 @@
 """Contrastive generations: their own round loop, beside the lockstep engine.
 
-A contrastive round (coordinator.contrastive_round) needs three calls in order (the
+A contrastive round (coordinator.loop.contrastive_round) needs three calls in order (the
 amateur's Propose, the expert's Verify with V_head, the amateur's Score on V_head), so it
 runs per generation in the caller's thread, as every round did before the lockstep
 engine. Its forward passes still share the services' passes with everyone else's
@@ -14,14 +14,14 @@ import time
 import uuid
 from collections.abc import Iterator, Sequence
 
-from coordinator.adaptive import AdaptiveK
-from coordinator.clients import WireBytes
-from coordinator.contrastive_round import contrastive_round
-from coordinator.link import DraftLink, TargetLink
+from coordinator.drafters.adaptive import AdaptiveK
+from coordinator.loop.contrastive_round import contrastive_round
+from coordinator.loop.predraft import PreDrafts
 from coordinator.loop.round import RoundOutput
-from coordinator.predraft import PreDrafts
 from coordinator.record import LoopStats, Recorder
-from coordinator.routing import Pins
+from coordinator.remote.clients import WireBytes
+from coordinator.remote.link import DraftLink, TargetLink
+from coordinator.remote.routing import Pins
 from specdec.contrastive import ContrastiveParams
 from specdec.digest import TokenPrefix
 from specdec.errors import FailedPrecondition, Unavailable

@@ -17,13 +17,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from coordinator.clients import WireBytes
 from coordinator.drafters.base import MODEL, NO_DRAFTS, Outcome
-from coordinator.link import DraftLink, TargetLink
 from coordinator.loop.plan import Acceptance, Candidate
 from coordinator.loop.round import Round, RoundOutput, trim
 from coordinator.record import LoopStats, Recorder, RoundResult
-from coordinator.routing import Pins
+from coordinator.remote.clients import WireBytes
+from coordinator.remote.link import DraftLink, TargetLink
+from coordinator.remote.routing import Pins
 from specdec.digest import TokenPrefix
 from specdec.errors import Unavailable
 from specdec.sampling import SamplingParams, derive_seed, generator
@@ -36,9 +36,9 @@ PREFILL_CHUNK = 512  # prompt tokens a target prefill feeds per step at most
 class Shared:
     """What every generation of one engine shares."""
 
-    draft: object  # coordinator.routing.Router | None
-    target: object  # coordinator.routing.Router
-    policy: object  # coordinator.policy.LoopPolicy
+    draft: object  # coordinator.remote.routing.Router | None
+    target: object  # coordinator.remote.routing.Router
+    policy: object  # coordinator.loop.policy.LoopPolicy
     metrics: object  # specdec.metrics.LoopMetrics
     make_drafter: object  # (Generation) -> Drafter | None
     draft_backoff_s: float = 1.0

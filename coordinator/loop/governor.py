@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from coordinator.adaptive import ema
+from coordinator.drafters.adaptive import ema
 
 WINDOW_S = 3.0  # seconds per window
 PROBE_EVERY = 8  # windows between tries of the arm that is behind

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from coordinator.adaptive import ema
+from coordinator.drafters.adaptive import ema
 
 SAMPLES = 128  # recent passes each line is fitted over
 MIN_SAMPLES = 8  # passes seen before a line is trusted

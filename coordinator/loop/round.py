@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from coordinator.clients import ItemFailure, target_round_of, verify_request
 from coordinator.drafters.base import NO_DRAFTS, Drafts
-from coordinator.link import RESYNC_CODES
+from coordinator.remote.clients import ItemFailure, target_round_of, verify_request
+from coordinator.remote.link import RESYNC_CODES
 from specdec.digest import TokenPrefix
 from specdec.errors import InvalidArgument, ResourceExhausted, Unavailable
 from specdec.sampling import derive_seed

@@ -13,9 +13,9 @@ The parts, each with one job:
   coordinator.loop.calls       a step's batch calls, items isolated, failures repaired
   coordinator.loop.plan        K per step from goodput over both services
   coordinator.drafters         who drafts: the draft model, the look-up, the hybrid
-  coordinator.link             a generation's link to each service (pins, cache views)
+  coordinator.remote.link             a generation's link to each service (pins, cache views)
   coordinator.record           every event counted once, in LoopStats and LoopMetrics
-  coordinator.policy           how rounds run, and the coordinator's defaults
+  coordinator.loop.policy           how rounds run, and the coordinator's defaults
 Greedy output is the target's alone, with or without faults, pipelining or any K.
 """
 
@@ -25,21 +25,22 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from coordinator.adaptive import ConfidenceExit
-from coordinator.clients import DraftClient, TargetClient
+from coordinator.drafters.adaptive import ConfidenceExit
+from coordinator.drafters.base import LOOKUP, MODEL
+from coordinator.drafters.costs import LookupSettings
 from coordinator.drafters.hybrid import HybridDrafter
 from coordinator.drafters.lookup import LookupDrafter
 from coordinator.drafters.model import ModelDrafter
-from coordinator.hybrid import LOOKUP, MODEL, LookupSettings
-from coordinator.lookup import OutputCache
+from coordinator.drafters.trie import OutputCache
 from coordinator.loop.contrastive import contrastive_rounds
 from coordinator.loop.engine import Engine
 from coordinator.loop.generation import Generation, Shared
 from coordinator.loop.plan import Planner
+from coordinator.loop.policy import DEFAULT_POLICY, LoopPolicy
 from coordinator.loop.round import RoundOutput
-from coordinator.policy import DEFAULT_POLICY, LoopPolicy
 from coordinator.record import LoopStats
-from coordinator.routing import Router
+from coordinator.remote.clients import DraftClient, TargetClient
+from coordinator.remote.routing import Router
 from specdec.contrastive import ContrastiveParams
 from specdec.metrics import LoopMetrics
 from specdec.sampling import SamplingParams
@@ -92,7 +93,7 @@ class SpeculativeLoop:
 
     @metrics.setter
     def metrics(self, metrics: LoopMetrics) -> None:
-        """Metrics are swapped in after start-up (coordinator.app, tests)."""
+        """Metrics are swapped in after start-up (coordinator.deploy.app, tests)."""
         self._metrics = metrics
         self.shared.metrics = metrics
 
@@ -133,7 +134,7 @@ class SpeculativeLoop:
         a cancelled client) releases both sessions at once. `load_aware`: K was left to
         the server, so the planner chooses it each step (at most num_draft_tokens);
         otherwise num_draft_tokens is the K of every round (unless --adaptive-k).
-        `contrastive`: contrastive decoding (coordinator.contrastive_round) with a fixed
+        `contrastive`: contrastive decoding (coordinator.loop.contrastive_round) with a fixed
         K (0 = the plain form); it needs the draft. `tenant`: whose recent outputs the
         look-up may draft from and add this output to (when the output cache is on);
         None = neither."""

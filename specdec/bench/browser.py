@@ -1,5 +1,5 @@
 """Headless Chromium (Debian's packages, `make browser`) driven by Selenium, and the
-coordinator's /demo page (coordinator/demo.html) worked through it: one place for the
+coordinator's /demo page (coordinator/api/demo.html) worked through it: one place for the
 browser test (tests/e2e/test_demo_page.py) and the docs screenshot
 (specdec.bench.demo_shot).
 

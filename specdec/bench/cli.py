@@ -33,8 +33,8 @@ def _list(text: str) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from coordinator.config import CoordinatorConfig
-    from coordinator.setup import build_service
+    from coordinator.deploy.config import CoordinatorConfig
+    from coordinator.deploy.setup import build_service
     from specdec import pair as pairs
     from specdec.bench import peers as peer_setups
     from specdec.bench.system import SystemScenario

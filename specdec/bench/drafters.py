@@ -189,8 +189,8 @@ def plot(rows, path: Path) -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
-    from coordinator.config import CoordinatorConfig
-    from coordinator.setup import build_service
+    from coordinator.deploy.config import CoordinatorConfig
+    from coordinator.deploy.setup import build_service
     from specdec import pair as pairs
     from specdec.bench import peers as peer_setups
     from specdec.bench.cli import machine

@@ -66,8 +66,8 @@ def settings_of(args: argparse.Namespace) -> ContrastiveSettings:
 
 
 def run(args: argparse.Namespace) -> int:
-    from coordinator.config import CoordinatorConfig
-    from coordinator.setup import build_service
+    from coordinator.deploy.config import CoordinatorConfig
+    from coordinator.deploy.setup import build_service
     from specdec import pair as pairs
     from specdec.bench.cli import machine
     from specdec.runtime import models

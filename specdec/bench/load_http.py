@@ -18,7 +18,7 @@ from the text). Its time is when the client has read and parsed the event, the c
 GrpcVariant keeps for a GenerateChunk. The stream ends at `data: [DONE]`. A request the
 server refuses (4xx/5xx before the stream starts) or an `{"error": ...}` event inside
 the stream is recorded as the error's code in upper case, which is the gRPC status
-name for specdec's errors (coordinator.openai_api), else HTTP_<status>.
+name for specdec's errors (coordinator.api.openai_api), else HTTP_<status>.
 """
 
 from __future__ import annotations

@@ -2,9 +2,9 @@
 costs (`specdec bench-pass-width --replay`).
 
 The target's greedy text of a prompt is known in advance, so the look-up's rounds can be
-replayed without the services: each round, `coordinator.hybrid.Drafters` (the look-up
-mode the coordinator runs) proposes its drafts from the prompt and the text committed so
-far, the drafts the text confirms are accepted, and the round commits them plus one
+replayed without the services: each round, `coordinator.drafters.lookup.LookupDrafter`
+(the look-up the coordinator runs) proposes its drafts from the prompt and the text
+committed so far, the drafts the text confirms are accepted, and the round commits them plus one
 token, exactly as a greedy Verify would. Each round is charged the pass of its width
 (1 + drafts) from a measured table, plus, when its width differs from the previous
 pass's, the measured cost of a width change. Target-only decoding is one width-1 pass
@@ -22,7 +22,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from coordinator.hybrid import Drafters, LookupSettings
+from coordinator.drafters.base import NO_DRAFTS, Outcome
+from coordinator.drafters.costs import LookupSettings
+from coordinator.drafters.lookup import LookupDrafter
 
 
 @dataclass(frozen=True)
@@ -44,22 +46,20 @@ def replay(prompt: Sequence[int], text: Sequence[int], pass_ms: Callable[[int], 
     if not text:
         raise ValueError("nothing to replay: the text is empty")
     settings = settings or LookupSettings()
-    drafters = Drafters("lookup", prompt, settings, has_model=False)
+    drafter = LookupDrafter(prompt, settings, request_k=settings.max_tokens)
     context = list(prompt)
     done = rounds = drafted = accepted = changes = 0
     charged = free = 0.0
     previous = 1
     while done < len(text):
-        found = drafters.lookup(context, settings.max_tokens)
+        found = drafter.propose(context, settings.max_tokens)
         n = len(found.tokens)
         ok = 0
         while ok < n and done + ok < len(text) and found.tokens[ok] == text[done + ok]:
             ok += 1
-        if n:
-            drafters.observe("lookup", n, ok)
         step = min(ok + 1, len(text) - done)
-        drafters.committed(text[done:done + step])
         context += text[done:done + step]
+        drafter.observe(Outcome(context, found if n else NO_DRAFTS, ok))
         done += step
         width = n + 1
         cost = pass_ms(width)

@@ -2,7 +2,7 @@
 the width between passes costs.
 
 A Verify feeds the target 1 + n tokens (n drafts); a target-only step feeds 1. The
-look-up (coordinator.lookup) sends a different n nearly every round, so the target's
+look-up (coordinator.drafters.trie) sends a different n nearly every round, so the target's
 passes change width from one round to the next. OpenVINO's CPU plugin re-prepares every
 node of a dynamic-shape graph when an input shape changes (shape inference and
 executor set-up, outside the nodes' own run time), so a pass whose width differs from
@@ -17,7 +17,7 @@ one thread, pinned), with no RPC and no scheduler in the way:
                target-only round, and back).
 
 The per-draft cost it reports is (constant(w) / constant(1) - 1) / (w - 1), the quantity
-coordinator.hybrid's `verify_cost` stands for.
+coordinator.drafters.costs's `verify_cost` stands for.
 """
 
 from __future__ import annotations
@@ -174,7 +174,7 @@ def plot(rows: list[dict], path: Path) -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
-    from coordinator.hybrid import LookupSettings
+    from coordinator.drafters.costs import LookupSettings
     from specdec.service_cli import ModelServiceConfig, load_backend
 
     if args.cpu is not None:

@@ -120,8 +120,8 @@ def sweep(target: str, draft: str, rtts: list[float], messages: list[str], k: in
 
 def _sweep(target: str, draft: str, rtts, messages, k: int, max_new_tokens: int, progress,
            set_rtt, label: str, jitter_ms: float, inject: bool) -> list[RttRow]:
-    from coordinator.config import CoordinatorConfig
-    from coordinator.setup import build_service
+    from coordinator.deploy.config import CoordinatorConfig
+    from coordinator.deploy.setup import build_service
 
     rows = []
     for rtt in progress(rtts):

@@ -69,8 +69,8 @@ def pair_for(label: str, skip: layer_skip.SkipSet, model: str, weights: str = "i
 
 def measure(label: str, skip: layer_skip.SkipSet, pair, k: int, messages: list[str],
             max_new_tokens: int, repeats: int, predicted=None) -> Row:
-    from coordinator.config import CoordinatorConfig
-    from coordinator.setup import build_service
+    from coordinator.deploy.config import CoordinatorConfig
+    from coordinator.deploy.setup import build_service
     from specdec import pair as pairs
     from specdec.bench.system import BASELINE, SystemScenario
 

@@ -4,7 +4,7 @@ per round, measured side by side.
 Two copies of the default pair run at once, pinned alike (draft on the first CPU, target on
 the second): one plaintext, one with mutual TLS (development certificates from
 specdec.certs, made for the run). The coordinator's loop runs in this process against each
-(coordinator.setup.build_service, as `specdec bench` does), and the harness interleaves the
+(coordinator.deploy.setup.build_service, as `specdec bench` does), and the harness interleaves the
 scenarios prompt by prompt, so both see the same machine state. Reported, per scenario:
 median tokens/s, median seconds per round (one Propose + one Verify; target-only: one
 Verify per token), median Propose and Verify call latency, and the mTLS/plaintext ratios.
@@ -90,8 +90,8 @@ def markdown(rows: list[dict], deltas: list[dict], meta: dict) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from coordinator.config import CoordinatorConfig
-    from coordinator.setup import build_service
+    from coordinator.deploy.config import CoordinatorConfig
+    from coordinator.deploy.setup import build_service
     from specdec import certs
     from specdec import pair as pairs
     from specdec.bench.cli import machine

@@ -24,7 +24,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from coordinator.config import RAY_ENVIRONMENT
+from coordinator.deploy.config import RAY_ENVIRONMENT
 from specdec import launcher
 from specdec.netns_lan import Lan, stop_group
 

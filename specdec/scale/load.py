@@ -31,8 +31,8 @@ def prompts(n: int, length: int = 6, vocab: int = 200, seed: int = 17) -> list[l
 def references(target: str, prompt_list: Sequence[list[int]], max_new_tokens: int) -> list:
     """Target-only greedy ids of each prompt, from a loop in this process against the
     target replica at `target`."""
-    from coordinator.config import CoordinatorConfig
-    from coordinator.setup import build_service
+    from coordinator.deploy.config import CoordinatorConfig
+    from coordinator.deploy.setup import build_service
 
     service = build_service(CoordinatorConfig(target=target, draft="", drafter="model"))
     return [list(service.generate(_request(p, max_new_tokens, 0)).token_ids)

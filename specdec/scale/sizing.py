@@ -107,8 +107,8 @@ FULL = Size(streams=(1, 4, 8, 16), seconds=20)
 
 
 def sizing(size: Size = FULL) -> dict:
-    from coordinator.config import CoordinatorConfig
-    from coordinator.setup import build_service
+    from coordinator.deploy.config import CoordinatorConfig
+    from coordinator.deploy.setup import build_service
     from specdec import pair as pairs
     from specdec.prepare import prepare_smollm2
     from specdec.runtime.openvino_export import export

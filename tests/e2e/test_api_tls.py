@@ -1,5 +1,5 @@
 """TLS on every hop through a real Ray Serve coordinator: mutual TLS to the model services,
-mutual TLS on the client API's gRPC port and HTTPS port (coordinator.front), real
+mutual TLS on the client API's gRPC port and HTTPS port (coordinator.deploy.front), real
 certificates from specdec.certs, and plaintext or strangers refused on every port."""
 
 from __future__ import annotations

@@ -230,7 +230,7 @@ def test_closing_an_async_stream_cancels_its_rpc(client, coordinator):
             # Usually 0.05 s. But now and then Serve's gRPC proxy does not pass a cancel on
             # (seen for the first way, a cancel by garbage collection), and that generation
             # runs to its end (~6 s, more on a loaded machine): a known limitation (through
-            # coordinator.front the cancel is an explicit handle cancel and always
+            # coordinator.deploy.front the cancel is an explicit handle cancel and always
             # arrives, tests/e2e/test_api_tls.py). So wait for the end, not for the cancel;
             # what this test checks is that the client cancels the call.
             assert sessions_released(coordinator[1], coordinator[2], within_s=30)

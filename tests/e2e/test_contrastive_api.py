@@ -8,8 +8,8 @@ import grpc
 import openai
 import pytest
 
-from coordinator.config import CoordinatorConfig
-from coordinator.setup import build_service
+from coordinator.deploy.config import CoordinatorConfig
+from coordinator.deploy.setup import build_service
 from specdec.contrastive import LI
 from specdec.errors import FailedPrecondition
 from specdec.v1 import common_pb2, generate_pb2

@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from coordinator.config import CoordinatorConfig
-from coordinator.setup import build_service
+from coordinator.deploy.config import CoordinatorConfig
+from coordinator.deploy.setup import build_service
 from specdec import launcher
 from specdec.pair import TINY_PAIR, ServiceSpec
 from specdec.v1 import generate_pb2

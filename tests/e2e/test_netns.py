@@ -51,8 +51,8 @@ def request(k: int) -> generate_pb2.GenerateRequest:
 def loopback_outputs() -> dict[int, list[int]]:
     """The same requests with draft and target as in-process servers on 127.0.0.1 and the
     coordinator loop in this process: {k: token ids}."""
-    from coordinator.config import CoordinatorConfig
-    from coordinator.setup import build_service
+    from coordinator.deploy.config import CoordinatorConfig
+    from coordinator.deploy.setup import build_service
     from draft_service.__main__ import create as create_draft
     from draft_service.config import DraftConfig
     from target_service.__main__ import create as create_target

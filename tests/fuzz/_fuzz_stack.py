@@ -2,7 +2,7 @@
 profiles, the stack and its recorded answers.
 
 One stack for the whole folder: real draft and target servers (tiny models) on loopback
-ports, the coordinator's GenerationService over them (coordinator.setup.build_service)
+ports, the coordinator's GenerationService over them (coordinator.deploy.setup.build_service)
 and its OpenAI frontend under uvicorn (tests/http_frontend.py). Each check ends with
 `stack.assert_healthy()`: a normal request to every layer gives exactly the output it
 gave before any fuzzing, and both services hold no session.

@@ -13,8 +13,8 @@ from tests.fuzz._fuzz_stack import Stack
 def stack():
     """Draft and target (tiny models, a session cap of 8 so the fuzz reaches it), the
     GenerationService over them and its HTTP frontend; references recorded first."""
-    from coordinator.config import CoordinatorConfig
-    from coordinator.setup import build_service
+    from coordinator.deploy.config import CoordinatorConfig
+    from coordinator.deploy.setup import build_service
     from draft_service.__main__ import create as create_draft
     from draft_service.config import DraftConfig
     from target_service.__main__ import create as create_target

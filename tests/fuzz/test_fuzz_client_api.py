@@ -22,7 +22,7 @@ import pytest
 from hypothesis import event, example, given
 from hypothesis import strategies as st
 
-from coordinator.generation import CHAT_ROLES, MAX_STOP_CHARS, MAX_STOP_STRINGS
+from coordinator.api.service import CHAT_ROLES, MAX_STOP_CHARS, MAX_STOP_STRINGS
 from specdec.errors import SpecdecError
 from specdec.v1 import common_pb2, generate_pb2
 from tests.fuzz._fuzz_stack import PROMPT, VOCAB, examples
@@ -337,7 +337,7 @@ def test_service_errors_name_the_parameter(fuzz_api, http, body, param):
 def test_body_beyond_the_limit_is_413(fuzz_api, http):
     """A body past MAX_BODY_BYTES is refused before it is read whole, whether it says its
     length or comes chunked; one just under it is parsed (and refused for its content)."""
-    from coordinator.http_api import MAX_BODY_BYTES
+    from coordinator.api.http_api import MAX_BODY_BYTES
 
     model = fuzz_api.service.card.id
     big = json.dumps({"model": model, "prompt": "x" * (MAX_BODY_BYTES + 10),

@@ -1,4 +1,4 @@
-"""Fuzzing gRPC Generate: the Serve deployment's own class (coordinator.app's
+"""Fuzzing gRPC Generate: the Serve deployment's own class (coordinator.deploy.app's
 CoordinatorReplica, which Serve's gRPC proxy calls by method name) behind a gRPC
 server on loopback, without Ray (the Ray Serve coordinator fixture of tests/e2e costs a
 cluster start; tests/e2e covers Serve's proxy itself). Fuzzed GenerateRequests get OK
@@ -28,7 +28,7 @@ CLIENT_CODES = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OUT_OF_RANGE,
 class _Generator(generate_pb2_grpc.GeneratorServicer):
     """Runs the replica's async Generate on its own event loop, as Serve's proxy calls it
     (unary Generate only: a stream's error status is Serve's proxy's business, see
-    coordinator.app)."""
+    coordinator.deploy.app)."""
 
     def __init__(self, replica, loop):
         self.replica, self.loop = replica, loop
@@ -42,7 +42,7 @@ class _Generator(generate_pb2_grpc.GeneratorServicer):
 def generator(stack):
     from concurrent.futures import ThreadPoolExecutor
 
-    from coordinator.app import CoordinatorReplica
+    from coordinator.deploy.app import CoordinatorReplica
 
     replica = CoordinatorReplica({"draft": stack.draft_addr, "target": stack.target_addr,
                                   "load_aware_k": False, "max_concurrency": 4,

@@ -2,8 +2,8 @@
 Ray pod, the app at the root, the port on the client Service KubeRay builds, and the Ray
 workers' readiness on GET /health through that port (the head keeps KubeRay's probes).
 
-Which port is which comes from the code (coordinator.config, the routes of
-coordinator.app) and from the Serve config, so a manifest that drifts from either fails.
+Which port is which comes from the code (coordinator.deploy.config, the routes of
+coordinator.deploy.app) and from the Serve config, so a manifest that drifts from either fails.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ URL = re.compile(r"https?://(?:localhost|127\.0\.0\.1):(\d+)(/[^\s|&;'\"]*)")
 
 
 def http_routes() -> dict[str, set[str]]:
-    """{path: methods} of the FastAPI routes coordinator.app declares (@HTTP.get(...))."""
+    """{path: methods} of the FastAPI routes coordinator.deploy.app declares (@HTTP.get(...))."""
     out: dict[str, set[str]] = {}
-    for node in ast.walk(module_source("coordinator.app")):
+    for node in ast.walk(module_source("coordinator.deploy.app")):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
                 isinstance(node.func.value, ast.Name) and node.func.value.id == "HTTP" and \
                 node.args and isinstance(node.args[0], ast.Constant):
@@ -36,7 +36,7 @@ def http_routes() -> dict[str, set[str]]:
 
 
 def default_http_port() -> int:
-    from coordinator.config import DEFAULT_HTTP_PORT
+    from coordinator.deploy.config import DEFAULT_HTTP_PORT
 
     return DEFAULT_HTTP_PORT
 

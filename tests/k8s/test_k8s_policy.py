@@ -49,7 +49,7 @@ def default_port(group: str) -> int:
     elif group == "target":
         from target_service.config import DEFAULT_PORT
     else:
-        from coordinator.config import DEFAULT_PORT
+        from coordinator.deploy.config import DEFAULT_PORT
     return DEFAULT_PORT
 
 

@@ -189,7 +189,7 @@ def test_serve_config_validates_against_ray_serves_schema(serve_config):
 def test_grpc_options_serve_the_coordinators_servicers(serve_config, rayservice):
     grpc = serve_config["grpc_options"]
     assert grpc["port"] == SERVICES["coordinator"]["port"]
-    assert grpc["grpc_servicer_functions"] == module_constant("coordinator.app",
+    assert grpc["grpc_servicer_functions"] == module_constant("coordinator.deploy.app",
                                                               "SERVICER_FUNCTIONS")
     import importlib
 
@@ -203,20 +203,20 @@ def test_grpc_options_serve_the_coordinators_servicers(serve_config, rayservice)
 
 def test_application_is_the_coordinator(app):
     module, _, attr = app["import_path"].partition(":")
-    assert (module, attr) == ("coordinator.app", "application")
+    assert (module, attr) == ("coordinator.deploy.app", "application")
     assert module_defines(module, attr)
-    assert app["name"] == module_constant("coordinator.app", "APP_NAME")
+    assert app["name"] == module_constant("coordinator.deploy.app", "APP_NAME")
     names = {d["name"] for d in app.get("deployments", [])}
-    assert names <= {serve_deployment_name("coordinator.app", "Coordinator")}, names
+    assert names <= {serve_deployment_name("coordinator.deploy.app", "Coordinator")}, names
 
 
 def test_application_args_are_coordinator_config(app, serve_config):
-    from coordinator.config import DEFAULT_HTTP_PORT, CoordinatorConfig
+    from coordinator.deploy.config import DEFAULT_HTTP_PORT, CoordinatorConfig
 
     args = app["args"]
     known = {f.name: f for f in fields(CoordinatorConfig)}
     assert set(args) <= set(known), f"not CoordinatorConfig fields: {set(args) - set(known)}"
-    assert config_keys_read_by("coordinator.app", "application") <= set(args), \
+    assert config_keys_read_by("coordinator.deploy.app", "application") <= set(args), \
         "application(config) indexes these keys directly"
     defaults = CoordinatorConfig()
     for key, value in args.items():
@@ -234,10 +234,10 @@ def test_application_args_are_coordinator_config(app, serve_config):
 
 
 def test_deployed_loop_is_the_default_policy(app):
-    """The loop's defaults are defined once (coordinator.policy); the RayService leaves
+    """The loop's defaults are defined once (coordinator.loop.policy); the RayService leaves
     them alone, so the cluster runs the same loop as `python -m coordinator`."""
-    from coordinator.config import CoordinatorConfig
-    from coordinator.policy import DEFAULT_POLICY, LoopPolicy
+    from coordinator.deploy.config import CoordinatorConfig
+    from coordinator.loop.policy import DEFAULT_POLICY, LoopPolicy
 
     overridden = {f.name for f in fields(LoopPolicy)} & set(app["args"])
     assert not overridden, f"args override the loop policy: {sorted(overridden)}"
@@ -329,7 +329,7 @@ def test_serve_builds_the_application_from_import_path_and_args(app):
     args = app["args"]
     assert (auto.min_replicas, auto.max_replicas, auto.target_ongoing_requests) == (
         args["min_replicas"], args["max_replicas"], args["target_ongoing_requests"])
-    from coordinator.app import HEADROOM
+    from coordinator.deploy.app import HEADROOM
 
     assert deployment._deployment_config.max_ongoing_requests == \
         args["max_concurrency"] + HEADROOM

@@ -16,7 +16,7 @@ from k8s_objects import (
     validate,
 )
 
-from coordinator.config import CoordinatorConfig, with_environment
+from coordinator.deploy.config import CoordinatorConfig, with_environment
 from draft_service.config import from_args as draft_args
 from target_service.config import from_args as target_args
 

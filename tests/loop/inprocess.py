@@ -1,5 +1,5 @@
 """Draft and target clients that call the engines in this process: the loop's tests run
-without gRPC, behind the same client interface (coordinator.clients), in seconds.
+without gRPC, behind the same client interface (coordinator.remote.clients), in seconds.
 
 Each client converts its requests with the servers' own conversion functions and calls
 the real engine (DraftEngine.propose_batch, TargetEngine.verify_batch) on the tiny
@@ -14,7 +14,7 @@ from concurrent.futures import Future
 
 import grpc
 
-from coordinator.clients import BatchCall, ItemFailure
+from coordinator.remote.clients import BatchCall, ItemFailure
 from draft_service import server as draft_server
 from draft_service.config import DraftConfig
 from draft_service.engine import DraftEngine

@@ -8,11 +8,11 @@ import threading
 import grpc
 import pytest
 
-from coordinator.clients import ItemFailure
 from coordinator.loop import LoopStats, SpeculativeLoop
 from coordinator.loop.generation import PREFILL_CHUNK
-from coordinator.policy import LoopPolicy
-from coordinator.routing import Router
+from coordinator.loop.policy import LoopPolicy
+from coordinator.remote.clients import ItemFailure
+from coordinator.remote.routing import Router
 from specdec.errors import InvalidArgument
 from specdec.sampling import SamplingParams
 from tests.loop.inprocess import DraftInProcess, TargetInProcess, draft_engine, target_engine

@@ -9,8 +9,8 @@ from contextlib import ExitStack
 
 import pytest
 
-from coordinator.config import CoordinatorConfig
-from coordinator.setup import build_service
+from coordinator.deploy.config import CoordinatorConfig
+from coordinator.deploy.setup import build_service
 from draft_service.config import from_args as draft_config
 from specdec import contrastive_reference
 from specdec import pair as pairs

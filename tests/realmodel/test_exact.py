@@ -6,8 +6,8 @@ from contextlib import ExitStack
 
 import pytest
 
-from coordinator.config import CoordinatorConfig
-from coordinator.setup import build_service
+from coordinator.deploy.config import CoordinatorConfig
+from coordinator.deploy.setup import build_service
 from specdec import pair as pairs
 from tests.realmodel.conftest import greedy_k4_equals_target_only
 

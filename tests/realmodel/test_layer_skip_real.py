@@ -8,8 +8,8 @@ from contextlib import ExitStack
 
 import pytest
 
-from coordinator.config import CoordinatorConfig
-from coordinator.setup import build_service
+from coordinator.deploy.config import CoordinatorConfig
+from coordinator.deploy.setup import build_service
 from specdec import pair as pairs
 from specdec.runtime.layer_skip import format_set
 from tests.realmodel.conftest import greedy_k4_equals_target_only
@@ -49,7 +49,7 @@ def service(prepared, request):
 def test_the_draft_reports_its_skip_set(service):
     import grpc
 
-    from coordinator.clients import DraftClient
+    from coordinator.remote.clients import DraftClient
 
     info = DraftClient(grpc.insecure_channel(service.draft_address)).info()
     assert tuple(info.skip_layers) == SKIP and info.model_id == "smollm2-135m"

@@ -227,9 +227,9 @@ def test_greedy_output_with_a_sliced_draft_equals_target_only(irs, target_client
     """Lossless: the target verifies over the whole vocabulary, whatever the draft's head."""
     import grpc
 
-    from coordinator.clients import DraftClient
     from coordinator.loop import SpeculativeLoop
-    from coordinator.policy import LoopPolicy
+    from coordinator.loop.policy import LoopPolicy
+    from coordinator.remote.clients import DraftClient
     from draft_service.__main__ import create as create_draft
     from draft_service.config import DraftConfig
 

@@ -17,10 +17,10 @@ from contextlib import contextmanager
 import grpc
 import pytest
 
-from coordinator.config import CoordinatorConfig
+from coordinator.deploy.config import CoordinatorConfig
+from coordinator.deploy.setup import build_service
 from coordinator.loop import SpeculativeLoop
-from coordinator.policy import LoopPolicy
-from coordinator.setup import build_service
+from coordinator.loop.policy import LoopPolicy
 from draft_service.__main__ import create as create_draft
 from draft_service.config import DraftConfig
 from specdec import digest

@@ -10,7 +10,7 @@ import grpc
 import pytest
 
 from coordinator.loop import LoopStats, SpeculativeLoop
-from coordinator.policy import LoopPolicy
+from coordinator.loop.policy import LoopPolicy
 from specdec.sampling import SamplingParams
 from specdec.v1 import common_pb2
 from tests.service.conftest import GREEDY, SAMPLED, propose_req

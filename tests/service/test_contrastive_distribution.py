@@ -10,7 +10,7 @@ from collections import Counter
 import pytest
 
 from coordinator.loop import SpeculativeLoop
-from coordinator.policy import LoopPolicy
+from coordinator.loop.policy import LoopPolicy
 from specdec.contrastive import LI, OBRIEN, contrastive_distribution
 from specdec.contrastive_reference import last_logits
 from specdec.runtime.models import TINY_DRAFT, TINY_TARGET, build_tiny

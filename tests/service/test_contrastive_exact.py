@@ -11,7 +11,7 @@ import threading
 import pytest
 
 from coordinator.loop import LoopStats, SpeculativeLoop
-from coordinator.policy import LoopPolicy
+from coordinator.loop.policy import LoopPolicy
 from specdec.contrastive import LI, OBRIEN
 from specdec.sampling import SamplingParams
 from tests.service._contrastive_helpers import params, reference
@@ -133,8 +133,8 @@ def test_a_failed_draft_is_replaced_at_once_without_changing_output(target_clien
     decoding cannot, so it moves."""
     import grpc
 
-    from coordinator.clients import DraftClient
-    from coordinator.routing import Router
+    from coordinator.remote.clients import DraftClient
+    from coordinator.remote.routing import Router
     from draft_service.__main__ import create as create_draft
     from draft_service.config import DraftConfig
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from coordinator.loop import LoopStats, SpeculativeLoop
-from coordinator.policy import LoopPolicy
+from coordinator.loop.policy import LoopPolicy
 from specdec import coupling
 from specdec.sampling import SamplingParams, process_logits
 from specdec.v1 import common_pb2

@@ -5,10 +5,10 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from coordinator.clients import DraftClient, TargetClient
 from coordinator.loop import LoopStats, SpeculativeLoop
-from coordinator.policy import LoopPolicy
-from coordinator.routing import DnsAddresses, Router, address_source
+from coordinator.loop.policy import LoopPolicy
+from coordinator.remote.clients import DraftClient, TargetClient
+from coordinator.remote.routing import DnsAddresses, Router, address_source
 from specdec.sampling import SamplingParams
 from target_service.__main__ import create as create_target
 from target_service.config import TargetConfig
@@ -96,8 +96,8 @@ def test_a_new_replica_with_another_tokenizer_is_refused(two_targets, caplog):
     serving another tokenizer never gets a generation; a matching one does."""
     import dataclasses
 
-    from coordinator.config import CoordinatorConfig
-    from coordinator.setup import build_service
+    from coordinator.deploy.config import CoordinatorConfig
+    from coordinator.deploy.setup import build_service
 
     (_, first, _), (_, second, engine) = two_targets
     service = build_service(CoordinatorConfig(target=first))
@@ -108,7 +108,7 @@ def test_a_new_replica_with_another_tokenizer_is_refused(two_targets, caplog):
     real_info = engine.info
     engine.info = lambda: dataclasses.replace(real_info(), tokenizer_digest="other")
     resolver.answer = [first, second]  # a pod of another model comes up
-    with caplog.at_level("WARNING", logger="coordinator.routing"):
+    with caplog.at_level("WARNING", logger="coordinator.remote.routing"):
         assert {r.address for r in router.replicas()} == {first}
     assert any(second in m and "tokenizer other" in m for m in caplog.messages)
     assert router.acquire().address == first and router.acquire().address == first

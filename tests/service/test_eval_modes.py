@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from coordinator.config import CoordinatorConfig
-from coordinator.setup import build_service
+from coordinator.deploy.config import CoordinatorConfig
+from coordinator.deploy.setup import build_service
 from specdec.bench import quality_eval, quality_report, quality_score
 from specdec.runtime.models import build_tiny
 

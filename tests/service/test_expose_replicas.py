@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from coordinator.config import CoordinatorConfig
-from coordinator.openai_responses import usage
-from coordinator.setup import build_service
+from coordinator.api.openai_responses import usage
+from coordinator.deploy.config import CoordinatorConfig
+from coordinator.deploy.setup import build_service
 from specdec.client.convert import stats_from_proto
 from specdec.v1 import generate_pb2
 

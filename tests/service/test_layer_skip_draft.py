@@ -7,9 +7,9 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from coordinator.clients import DraftClient
 from coordinator.loop import SpeculativeLoop
-from coordinator.policy import LoopPolicy
+from coordinator.loop.policy import LoopPolicy
+from coordinator.remote.clients import DraftClient
 from draft_service.__main__ import create as create_draft
 from draft_service.config import DraftConfig, from_args
 from specdec.sampling import SamplingParams

@@ -43,8 +43,8 @@ class _Generator(generate_pb2_grpc.GeneratorServicer):
 
 @pytest.fixture(scope="module")
 def service(draft_server, target_server):
-    from coordinator.config import CoordinatorConfig
-    from coordinator.setup import build_service
+    from coordinator.deploy.config import CoordinatorConfig
+    from coordinator.deploy.setup import build_service
 
     # Load-aware K off: on the tiny models a draft costs as much as the target, so the
     # controller rightly picks K = 0; this test checks the driver sees the default K.

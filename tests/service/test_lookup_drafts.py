@@ -1,4 +1,5 @@
-"""Model-free drafting over the real services (coordinator.lookup, coordinator.hybrid).
+"""Model-free drafting over the real services (coordinator.drafters: trie, costs,
+lookup, hybrid).
 
 Greedy output equals target-only token for token with the look-up alone (no draft
 service), hybrid sequential and pipelined, the tenants' output cache, and concurrent
@@ -14,9 +15,9 @@ from collections import Counter
 
 import pytest
 
-from coordinator.hybrid import LookupSettings
+from coordinator.drafters.costs import LookupSettings
 from coordinator.loop import LoopStats, SpeculativeLoop
-from coordinator.policy import LoopPolicy
+from coordinator.loop.policy import LoopPolicy
 from specdec.sampling import SamplingParams
 from tests.service.test_sampled_distribution import chi_square_p_value, target_joint
 
@@ -181,8 +182,8 @@ def copy_prompt(backend, params: SamplingParams) -> list[int]:
 def test_a_coordinator_without_a_draft_drafts_by_lookup(target_server):
     """`--drafter lookup` with no draft service: K defaults to the configured K, stats and
     metrics name the look-up, and the text equals target-only."""
-    from coordinator.config import CoordinatorConfig
-    from coordinator.setup import build_service
+    from coordinator.deploy.config import CoordinatorConfig
+    from coordinator.deploy.setup import build_service
     from specdec.metrics import PrometheusLoopMetrics
     from specdec.v1 import generate_pb2
 

@@ -7,7 +7,7 @@ import threading
 import pytest
 
 from coordinator.loop import SpeculativeLoop
-from coordinator.policy import LoopPolicy
+from coordinator.loop.policy import LoopPolicy
 from specdec.sampling import SamplingParams
 from specdec.verify import TokenKind
 from tests.service.conftest import evict_at

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import grpc
 
-from coordinator.clients import DraftClient, TargetClient
 from coordinator.loop import SpeculativeLoop
-from coordinator.policy import LoopPolicy
-from coordinator.routing import Router
+from coordinator.loop.policy import LoopPolicy
+from coordinator.remote.clients import DraftClient, TargetClient
+from coordinator.remote.routing import Router
 from specdec.contrastive import ContrastiveParams
 from specdec.metrics import PrometheusLoopMetrics
 from specdec.sampling import SamplingParams
@@ -61,7 +61,7 @@ class CountedCall:
         self.seconds = 0.0
 
     def outcomes(self, timeout=None):
-        from coordinator.clients import ItemFailure
+        from coordinator.remote.clients import ItemFailure
 
         real = iter(self.call.outcomes(timeout) if self.call is not None else ())
         self.seconds = self.call.seconds if self.call is not None else 0.0

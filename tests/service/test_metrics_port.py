@@ -10,8 +10,8 @@ import grpc
 import pytest
 
 import specdec.metrics
-from coordinator.clients import TargetClient
 from coordinator.loop import SpeculativeLoop
+from coordinator.remote.clients import TargetClient
 from draft_service.__main__ import create as create_draft
 from draft_service.config import DraftConfig
 from specdec.metrics import ModelMetrics, PrometheusModelMetrics
@@ -54,7 +54,7 @@ def test_metrics_port_zero_serves_nothing(monkeypatch):
 
 
 def test_flags_default_to_off():
-    from coordinator.config import from_args as coordinator_args
+    from coordinator.deploy.config import from_args as coordinator_args
     from draft_service.config import from_args as draft_args
     from target_service.config import from_args as target_args
 
@@ -75,7 +75,7 @@ def test_a_taken_port_fails_a_model_service_or_moves_a_replica_on(services, capl
         with pytest.raises(OSError, match=f"metrics on 127.0.0.1:{port}"):
             PrometheusModelMetrics("draft").serve(port, "127.0.0.1")
 
-    from coordinator.app import CoordinatorReplica
+    from coordinator.deploy.app import CoordinatorReplica
 
     (d_addr, _), (t_addr, _) = services
     for _ in range(20):  # a free port whose successor is free too

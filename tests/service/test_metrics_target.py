@@ -5,7 +5,7 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from coordinator.clients import TargetClient
+from coordinator.remote.clients import TargetClient
 from tests.service import _metrics_helpers
 from tests.service._metrics_helpers import Delta, Samples
 

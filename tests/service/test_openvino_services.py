@@ -7,9 +7,9 @@ from contextlib import ExitStack
 import grpc
 import pytest
 
-from coordinator.clients import DraftClient, TargetClient
 from coordinator.loop import SpeculativeLoop
-from coordinator.policy import LoopPolicy
+from coordinator.loop.policy import LoopPolicy
+from coordinator.remote.clients import DraftClient, TargetClient
 from specdec import pair as pairs
 from specdec.sampling import SamplingParams
 

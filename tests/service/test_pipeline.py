@@ -13,7 +13,7 @@ import time
 import pytest
 
 from coordinator.loop import LoopStats, SpeculativeLoop
-from coordinator.policy import LoopPolicy
+from coordinator.loop.policy import LoopPolicy
 from specdec.sampling import SamplingParams
 
 PROMPTS = [[1, 2, 3, 4, 5], [700, 12, 99], [42]]
@@ -67,8 +67,8 @@ def test_pipelined_sampled_output_depends_on_the_seed_only(loops, seed):
 
 
 def test_generation_stats_and_metrics_report_pipelining(draft_server, target_server):
-    from coordinator.config import CoordinatorConfig
-    from coordinator.setup import build_service
+    from coordinator.deploy.config import CoordinatorConfig
+    from coordinator.deploy.setup import build_service
     from specdec.metrics import PrometheusLoopMetrics
     from specdec.v1 import generate_pb2
 
@@ -94,8 +94,8 @@ def test_generation_stats_and_metrics_report_pipelining(draft_server, target_ser
 def test_injected_latency_and_jitter_change_timing_not_text(draft_server, target_server):
     """With 20 ms RTT +-10 ms jitter: pipelined rounds overlap (counted in stats), and the
     same seed gives the same text as the pipelined loop without any injected latency."""
-    from coordinator.config import CoordinatorConfig
-    from coordinator.setup import build_service
+    from coordinator.deploy.config import CoordinatorConfig
+    from coordinator.deploy.setup import build_service
     from specdec.v1 import common_pb2, generate_pb2
 
     def service(**kw):
@@ -150,7 +150,7 @@ def test_a_perfect_draft_pipelines_every_round_after_the_prefill(perfect_draft, 
     every guess holds, so every later round uses a pre-draft, round 2 included."""
     import grpc as grpc_
 
-    from coordinator.clients import DraftClient
+    from coordinator.remote.clients import DraftClient
 
     with grpc_.insecure_channel(perfect_draft) as channel:
         loop = SpeculativeLoop(DraftClient(channel), target_client, LoopPolicy(pipeline=True))
@@ -168,8 +168,8 @@ def test_a_perfect_draft_pipelines_every_round_after_the_prefill(perfect_draft, 
 def test_a_stop_string_counts_the_last_pre_draft_in_the_stats(draft_server, target_server):
     """A generation cut by a stop string releases its sessions before its last chunk, so
     the pre-draft still in flight is in the stats that chunk carries (and in metrics)."""
-    from coordinator.config import CoordinatorConfig
-    from coordinator.setup import build_service
+    from coordinator.deploy.config import CoordinatorConfig
+    from coordinator.deploy.setup import build_service
     from specdec.metrics import PrometheusLoopMetrics
     from specdec.v1 import generate_pb2
 

@@ -9,7 +9,7 @@ import torch
 from scipy.stats import chisquare
 
 from coordinator.loop import SpeculativeLoop
-from coordinator.policy import LoopPolicy
+from coordinator.loop.policy import LoopPolicy
 from specdec.sampling import SamplingParams, process_logits
 
 PROMPT = [31, 415, 92, 65]

@@ -17,11 +17,11 @@ from cryptography.x509.oid import ExtendedKeyUsageOID
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from coordinator.clients import TargetClient
-from coordinator.config import CoordinatorConfig
-from coordinator.config import from_args as coordinator_args
-from coordinator.routing import DnsAddresses, Router, StaticAddresses
-from coordinator.setup import build_service
+from coordinator.deploy.config import CoordinatorConfig
+from coordinator.deploy.config import from_args as coordinator_args
+from coordinator.deploy.setup import build_service
+from coordinator.remote.clients import TargetClient
+from coordinator.remote.routing import DnsAddresses, Router, StaticAddresses
 from draft_service.__main__ import create as create_draft
 from draft_service.__main__ import main as draft_main
 from draft_service.config import DraftConfig

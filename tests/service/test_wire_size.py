@@ -22,7 +22,7 @@ SAMPLED = common_pb2.SamplingParams(temperature=1.5, seed=3)  # flat: q fills al
 
 def sampled_round(draft_stub, target_stub, **propose_fields):
     """One K=4 round; returns (proposal, bytes of both calls, both directions), counted as
-    coordinator.clients.WireBytes counts them."""
+    coordinator.remote.clients.WireBytes counts them."""
     s = uuid.uuid4().hex
     propose = propose_req(s, PROMPT, k=4, sampling=SAMPLED)
     for name, value in propose_fields.items():

@@ -15,9 +15,9 @@ import time
 
 import pytest
 
-from coordinator.config import CoordinatorConfig
-from coordinator.routing import Router
-from coordinator.setup import build_service
+from coordinator.deploy.config import CoordinatorConfig
+from coordinator.deploy.setup import build_service
+from coordinator.remote.routing import Router
 from specdec import launcher
 from specdec.errors import Unavailable
 from specdec.pair import TINY_PAIR

@@ -1,10 +1,10 @@
-"""Shared helpers for the coordinator.generation tests: a scripted fake loop, requests."""
+"""Shared helpers for the coordinator.api.service tests: a scripted fake loop, requests."""
 
 from __future__ import annotations
 
 import pytest
 
-from coordinator.generation import GenerationService, Limits
+from coordinator.api.service import GenerationService, Limits
 from coordinator.loop import LoopStats, RoundOutput
 from specdec.runtime.tiny_tokenizer import build
 from specdec.v1 import generate_pb2

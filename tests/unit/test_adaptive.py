@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from coordinator.adaptive import AdaptiveK, ConfidenceExit
+from coordinator.drafters.adaptive import AdaptiveK, ConfidenceExit
 
 
 def feed(adaptive: AdaptiveK, agree: bool, rounds: int = 30, d=0.01, v0=0.05, v1=0.005):

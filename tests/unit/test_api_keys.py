@@ -1,10 +1,10 @@
-"""coordinator.auth: the key file, Bearer parsing, constant-time matching, per-key caps."""
+"""coordinator.api.auth: the key file, Bearer parsing, constant-time matching, per-key caps."""
 
 from __future__ import annotations
 
 import pytest
 
-from coordinator.auth import APIKeys, metadata_value
+from coordinator.api.auth import APIKeys, metadata_value
 from specdec.errors import ResourceExhausted, Unauthenticated
 
 KEY_A, KEY_B = "a" * 24 + "-alpha", "b" * 24 + "-beta"

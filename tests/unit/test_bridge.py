@@ -1,4 +1,4 @@
-"""coordinator.bridge: a generation is closed after the step in flight, even when the task
+"""coordinator.api.bridge: a generation is closed after the step in flight, even when the task
 closing it is cancelled again while it waits (as Ray Serve does)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from coordinator.bridge import close_after, next_in_thread
+from coordinator.api.bridge import close_after, next_in_thread
 
 
 def _slow_generation(started: threading.Event, closed: list, step_s: float = 0.3):

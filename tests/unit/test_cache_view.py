@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from coordinator.session import CacheView
+from coordinator.remote.view import CacheView
 from specdec import digest
 from specdec.digest import TokenPrefix
 

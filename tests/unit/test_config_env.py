@@ -1,10 +1,10 @@
-"""coordinator.config.with_environment: mounted-Secret paths from SPECDEC_<FIELD>."""
+"""coordinator.deploy.config.with_environment: mounted-Secret paths from SPECDEC_<FIELD>."""
 
 from __future__ import annotations
 
 import pytest
 
-from coordinator.config import CoordinatorConfig, with_environment
+from coordinator.deploy.config import CoordinatorConfig, with_environment
 
 
 def test_environment_fills_fields_left_at_their_default():

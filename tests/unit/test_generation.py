@@ -1,4 +1,4 @@
-"""coordinator.generation: request validation and planning over a scripted fake loop."""
+"""coordinator.api.service: request validation and planning over a scripted fake loop."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from coordinator.generation import MAX_STOP_CHARS, MAX_STOP_STRINGS, GenerationService, Limits
+from coordinator.api.service import MAX_STOP_CHARS, MAX_STOP_STRINGS, GenerationService, Limits
 from specdec.errors import InvalidArgument
 from specdec.v1 import common_pb2
 from tests.unit import _generation_helpers

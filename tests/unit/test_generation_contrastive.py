@@ -1,4 +1,4 @@
-"""coordinator.generation: the contrastive mode's fields, validated before any work."""
+"""coordinator.api.service: the contrastive mode's fields, validated before any work."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from coordinator.generation import GenerationService
+from coordinator.api.service import GenerationService
 from specdec.contrastive import LI, OBRIEN, ContrastiveParams
 from specdec.errors import FailedPrecondition, InvalidArgument
 from specdec.v1 import common_pb2, generate_pb2

@@ -1,4 +1,4 @@
-"""coordinator.generation: streaming, generate() and the concurrency limit (fake loop)."""
+"""coordinator.api.service: streaming, generate() and the concurrency limit (fake loop)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from coordinator.generation import GenerationService, Limits
+from coordinator.api.service import GenerationService, Limits
 from coordinator.loop import RoundOutput
 from specdec.errors import InvalidArgument, ResourceExhausted
 from specdec.sampling import SamplingParams

@@ -104,7 +104,7 @@ def graph():
 
 def test_the_graph_sees_the_project(graph):
     edges, _ = graph
-    assert "specdec.runtime.models" in edges and "coordinator.generation" in edges
+    assert "specdec.runtime.models" in edges and "coordinator.api.service" in edges
     assert "specdec.paths" in edges["specdec.runtime.models"]
     assert not any(_under(m, "specdec.v1") for m in edges)
 

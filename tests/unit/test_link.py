@@ -1,14 +1,14 @@
-"""coordinator.link.Link.call: a resync is planned from what the server says it holds."""
+"""coordinator.remote.link.Link.call: a resync is planned from what the server says it holds."""
 
 from __future__ import annotations
 
 import grpc
 import pytest
 
-from coordinator.clients import CACHED_LEN_KEY, WireBytes
-from coordinator.link import Link
 from coordinator.record import LoopStats, Recorder
-from coordinator.routing import Pins, Router
+from coordinator.remote.clients import CACHED_LEN_KEY, WireBytes
+from coordinator.remote.link import Link
+from coordinator.remote.routing import Pins, Router
 from specdec.digest import TokenPrefix
 from specdec.metrics import LoopMetrics
 

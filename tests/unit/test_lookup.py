@@ -1,5 +1,6 @@
-"""The model-free drafter: the suffix trie, the tenants' output cache, and the hybrid
-choice of drafter (coordinator.lookup, coordinator.hybrid). Pure logic, no services."""
+"""The model-free drafter's parts: the suffix trie, the tenants' output cache, and the
+look-up's cost model (coordinator.drafters.trie, coordinator.drafters.costs). Pure
+logic, no services."""
 
 from __future__ import annotations
 
@@ -7,17 +8,13 @@ import random
 
 import pytest
 
-from coordinator.hybrid import (
-    LOOKUP,
-    MODEL,
+from coordinator.drafters.costs import (
     PRIOR,
     PRIOR_SEVERAL,
     Acceptance,
-    Drafters,
-    LookupSettings,
     best_length,
 )
-from coordinator.lookup import NO_LOOKUP, Lookup, OutputCache, SuffixTrie, better
+from coordinator.drafters.trie import NO_LOOKUP, Lookup, OutputCache, SuffixTrie, better
 
 
 def substrings(seqs, depth):
@@ -148,10 +145,6 @@ def test_better_prefers_the_longer_match_then_the_expected_length():
     assert better(NO_LOOKUP, b) is b
 
 
-def drafters(mode="hybrid", has_model=True, prompt=(10, 11, 12, 13, 14, 15), **kw):
-    return Drafters(mode, list(prompt), LookupSettings(**kw), has_model)
-
-
 def test_best_length_weighs_expected_tokens_against_the_verify_cost():
     assert best_length(0.1, 8, 0.15) == (0, 0.0)  # no draft beats a plain step
     n, expected = best_length(0.9, 8, 0.15)
@@ -175,72 +168,6 @@ def test_acceptance_learns_per_match_length():
     assert acc.rate(1) < 0.05
 
 
-def test_drafters_keep_the_trie_current_with_committed_tokens():
-    d = drafters(mode="lookup", verify_cost=0.0)
-    assert not d.lookup([10, 11, 12, 13, 14, 15, 77], 4)
-    d.committed([77, 12, 13])
-    assert d.lookup([10, 11, 12, 13, 14, 15, 77, 12, 13], 3).tokens == [14, 15, 77]
-    assert d.lookup([10, 11, 12, 13, 14, 15, 77, 12, 13], 0) == NO_LOOKUP
-
-
-def test_the_lookup_sends_fewer_tokens_for_weak_matches_and_learns():
-    d = drafters(mode="lookup")
-    context = [10, 11, 12, 13, 14, 15, 77, 12, 13]
-    d.committed([77, 12, 13])
-    first = d.lookup(context, 4)
-    assert first.match_len == 2 and first.tokens == [14, 15]  # a = 0.5: two drafts pay
-    for _ in range(10):
-        d.observe(LOOKUP, 1, 1)  # (d.last: the match of 2 tokens)
-    assert d.lookup(context, 4).tokens == [14, 15, 77, 12]  # learnt: all of them pay
-    for _ in range(100):
-        d.observe(LOOKUP, 3, 0)
-    assert d.lookup(context, 4) == NO_LOOKUP  # learnt: none pays
-
-
-def test_modes():
-    found = Lookup([1, 2], 1, 1.5)
-    assert drafters("lookup").choose(found, False) == LOOKUP
-    assert drafters("model").trie is None
-    assert drafters("model").lookup([10, 11], 4) == NO_LOOKUP
-    assert drafters("hybrid", has_model=False).mode == "lookup"
-    assert not drafters("lookup").uses_model and drafters("hybrid").uses_model
-    assert drafters().choose(NO_LOOKUP, False) == MODEL
-    with pytest.raises(ValueError, match="drafter must be one of"):
-        drafters("both")
-
-
-def test_hybrid_uses_a_long_match_while_the_models_acceptance_is_unknown():
-    d = drafters(min_match=3)
-    assert d.choose(Lookup([1], 3, 0.1), False) == LOOKUP
-    # a short match, and nothing known of the model yet: the model
-    assert d.choose(Lookup([1, 2, 3], 2, 2.9), False) == MODEL
-    # the model's drafts are ready and nothing is known: keep the pipeline's chain
-    assert d.choose(Lookup([1], 3, 0.1), True) == MODEL
-
-
-def test_hybrid_compares_expected_tokens_per_cost():
-    d = drafters(min_match=5, verify_cost=0.1, ready_round_cost=2.0, fresh_round_cost=3.0)
-    d.observe(MODEL, 4, 3)
-    assert d.model_accepted == pytest.approx(3.0)  # the first observation
-    # The model must Propose first: 4 tokens for 3.0 (1.33 a unit) against, for a
-    # look-up of 4 drafts, (1 + expected) / 1.4.
-    assert d.choose(Lookup([1, 2, 3, 4], 2, 0.9), False) == LOOKUP  # 1.36 a unit
-    assert d.choose(Lookup([1, 2, 3, 4], 2, 0.8), False) == MODEL  # 1.29 a unit
-    # The model's drafts are ready: 4 tokens for 2.0 (2 a unit). The look-up also pays
-    # for the chain it breaks when a draft is rejected: (3 - 2) (1 - a^4), a = 0.95 for
-    # an 8-token match with one continuation (the prior).
-    a = Acceptance().rate(8)
-    assert a == pytest.approx(0.95)
-    chain = 1 - a ** 4
-    need = 2.0 * (1.4 + chain) - 1  # expected accepted drafts to tie
-    assert d.choose(Lookup([1, 2, 3, 4], 8, need + 0.01), True) == LOOKUP
-    assert d.choose(Lookup([1, 2, 3, 4], 8, need - 0.01), True) == MODEL
-    # the same proposal without a ready pre-draft: no chain to break, the look-up wins
-    assert d.choose(Lookup([1, 2, 3, 4], 8, need - 0.01), False) == LOOKUP
-    # the choice depends on tokens only: the same state gives the same answer
-    assert d.choose(Lookup([1, 2, 3, 4], 8, need + 0.01), True) == LOOKUP
-
-
 def test_long_unique_matches_start_with_a_high_prior():
     acc = Acceptance()
     rates = [acc.rate(m) for m in range(1, 10)]
@@ -248,18 +175,3 @@ def test_long_unique_matches_start_with_a_high_prior():
     assert all(acc.rate(m, unique=False) < acc.rate(m) for m in range(1, 10))
     sampled = Acceptance(greedy=False)  # p(x) accepts a copy less surely than argmax
     assert all(sampled.rate(m) <= acc.rate(m) for m in range(1, 10))
-
-
-def test_finished_output_joins_the_tenants_cache():
-    cache = OutputCache(per_tenant=4, depth=8)
-    settings = LookupSettings(verify_cost=0.0)
-    d = Drafters("hybrid", [1, 2], settings, True, cache, "alice")
-    d.committed([40, 41, 42, 43])
-    d.finished()
-    assert cache.draft("alice", [9, 40, 41], 2, 8, 0.1).tokens == [42, 43]
-    # a new generation of the same tenant drafts from it
-    d2 = Drafters("hybrid", [5, 6, 40, 41], settings, True, cache, "alice")
-    assert d2.lookup([5, 6, 40, 41], 2).tokens == [42, 43]
-    # no tenant: no cache
-    d3 = Drafters("hybrid", [5, 6, 40, 41], settings, True, cache, None)
-    assert not d3.lookup([5, 6, 40, 41], 2)

@@ -1,4 +1,4 @@
-"""coordinator.openai_api / openai_responses: OpenAI bodies <-> Generator messages (pure)."""
+"""coordinator.api.openai_api / openai_responses: OpenAI bodies <-> Generator messages (pure)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from coordinator.openai_api import APIError, chat_request, completion_request, from_exception
-from coordinator.openai_responses import CHAT, COMPLETION, Responses, sse, usage
+from coordinator.api.openai_api import APIError, chat_request, completion_request, from_exception
+from coordinator.api.openai_responses import CHAT, COMPLETION, Responses, sse, usage
 from specdec.errors import DeadlineExceeded, InvalidArgument, ResourceExhausted, Unavailable
 from specdec.v1 import generate_pb2
 

@@ -1,10 +1,10 @@
-"""coordinator.openai_api: the contrastive extension fields (`decoding`, `contrastive`)."""
+"""coordinator.api.openai_api: the contrastive extension fields (`decoding`, `contrastive`)."""
 
 from __future__ import annotations
 
 import pytest
 
-from coordinator.openai_api import APIError, chat_request, completion_request, from_exception
+from coordinator.api.openai_api import APIError, chat_request, completion_request, from_exception
 from specdec.errors import FailedPrecondition, InvalidArgument
 from specdec.v1 import common_pb2, generate_pb2
 

@@ -1,11 +1,11 @@
-"""coordinator.routing: address parsing and least-loaded replica choice with back-off."""
+"""coordinator.remote.routing: address parsing and least-loaded replica choice with back-off."""
 
 from __future__ import annotations
 
 import grpc
 import pytest
 
-from coordinator.routing import Replica, Router, StaticAddresses, parse_addresses
+from coordinator.remote.routing import Replica, Router, StaticAddresses, parse_addresses
 
 
 class FakeClock:

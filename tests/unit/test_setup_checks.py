@@ -1,10 +1,10 @@
-"""coordinator.setup.check_compatible: draft and target replicas must share a tokenizer."""
+"""coordinator.deploy.setup.check_compatible: draft and target replicas must share a tokenizer."""
 
 from __future__ import annotations
 
 import pytest
 
-from coordinator.setup import check_compatible
+from coordinator.deploy.setup import check_compatible
 from specdec.v1.common_pb2 import ModelInfo
 
 

@@ -1,4 +1,4 @@
-"""coordinator.text.TextStream: stop strings cut the streamed text, whatever the chunking."""
+"""coordinator.api.text.TextStream: stop strings cut the streamed text, whatever the chunking."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from coordinator.text import TextStream
+from coordinator.api.text import TextStream
 
 
 def run_stream(pieces, stop) -> tuple[list[str], str, TextStream]:

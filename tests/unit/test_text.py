@@ -1,4 +1,4 @@
-"""coordinator.text: incremental detokenization (real byte-level BPE)."""
+"""coordinator.api.text: incremental detokenization (real byte-level BPE)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 
-from coordinator.text import REPLACEMENT, IncrementalDetokenizer
+from coordinator.api.text import REPLACEMENT, IncrementalDetokenizer
 from specdec.runtime.tiny_tokenizer import build
 
 VOCAB = 768

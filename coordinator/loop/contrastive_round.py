@@ -15,7 +15,7 @@ Li et al. 2022 and O'Brien & Lewis 2023).
   and sampled output follows the same distribution.
 
 Pipelined (the loop's --pipeline, the default): while the target verifies, the draft
-feeds x_K as the first step of a pre-draft of the next round (coordinator.predraft),
+feeds x_K as the first step of a pre-draft of the next round (coordinator.loop.predraft),
 its own next token standing in for the bonus; the look-up then reads the rows beside
 that pre-draft (a read-only Score), and the next round uses its drafts when all K were
 accepted and the bonus is that guess. The pre-draft changes where the draft computes,
@@ -34,8 +34,8 @@ import time
 
 import torch
 
-from coordinator.link import AmateurUnavailable
 from coordinator.record import RoundResult
+from coordinator.remote.link import AmateurUnavailable
 from specdec import coupling, wire
 from specdec.contrastive import ContrastiveParams, head_distribution
 from specdec.sampling import derive_seed, generator

@@ -3,7 +3,7 @@
 Validates the request, tokenizes the prompt (raw text, chat messages through the
 model's template, or ids), runs the speculative loop, turns ids into streamed text
 (incremental detokenization, stop strings) and fills kinds, finish_reason and stats.
-The Ray Serve deployment (coordinator.app) is a thin shell around this class.
+The Ray Serve deployment (coordinator.deploy.app) is a thin shell around this class.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from coordinator.api.text import IncrementalDetokenizer, TextStream
 from coordinator.loop import LoopStats, SpeculativeLoop
-from coordinator.text import IncrementalDetokenizer, TextStream
 from specdec import wire
 from specdec.contrastive import ContrastiveParams
 from specdec.errors import (
@@ -74,7 +74,7 @@ class GenerationService:
                  expose_replicas: bool = False):
         self.loop = loop
         # --expose-replicas: stats name who served; served_by is (Serve replica, Ray node),
-        # set by coordinator.app (empty in a process without Serve).
+        # set by coordinator.deploy.app (empty in a process without Serve).
         self.expose_replicas = expose_replicas
         self.served_by = ("", "")
         self.card = card or ModelCard("specdec", "unknown", None, limits.max_context,

@@ -2,7 +2,7 @@
 and the cache-sync calls with their resync and failover rules.
 
 Every call is planned from the link's CacheView with the sync formula
-(coordinator.session), and on success the view becomes what the server's reply says it
+(coordinator.remote.view), and on success the view becomes what the server's reply says it
 holds (`cached_len`). A resync error (FAILED_PRECONDITION, NOT_FOUND) is answered from
 what the server said in its trailing metadata: when it holds fewer positions than the
 request kept, the view is cut to those and the call repeated, which costs only the
@@ -25,10 +25,10 @@ from typing import TypeVar
 
 import grpc
 
-from coordinator.clients import Heads, Proposal, WireBytes, cached_len_of
 from coordinator.record import Recorder
-from coordinator.routing import Pins, Router, backoff_s
-from coordinator.session import CacheView
+from coordinator.remote.clients import Heads, Proposal, WireBytes, cached_len_of
+from coordinator.remote.routing import Pins, Router, backoff_s
+from coordinator.remote.view import CacheView
 from specdec.contrastive import ContrastiveParams
 from specdec.digest import TokenPrefix
 from specdec.errors import InvalidArgument, ResourceExhausted, Unavailable

@@ -1,8 +1,8 @@
 """The OpenAI-compatible HTTP API: request bodies in, JSON or SSE out.
 
-The routes live on the Serve deployment (coordinator.app, FastAPI through
+The routes live on the Serve deployment (coordinator.deploy.app, FastAPI through
 `serve.ingress`); each is one line calling this class. A request is translated by
-coordinator.openai_api into the same `GenerateRequest` the gRPC API takes and run by the
+coordinator.api.openai_api into the same `GenerateRequest` the gRPC API takes and run by the
 same `GenerationService.stream`, so validation, limits, stop strings and outputs are
 those of gRPC. The first round runs before the response starts: an invalid request, the
 concurrency cap or an unavailable target is answered with its status (400, 429, 503),
@@ -25,17 +25,17 @@ from pathlib import Path
 from fastapi import Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 
-from coordinator.auth import APIKeys
-from coordinator.bridge import close_after, next_in_thread
-from coordinator.generation import GenerationService, add_chunk
-from coordinator.openai_api import (
+from coordinator.api.auth import APIKeys
+from coordinator.api.bridge import close_after, next_in_thread
+from coordinator.api.openai_api import (
     APIError,
     bad,
     chat_request,
     completion_request,
     from_exception,
 )
-from coordinator.openai_responses import CHAT, COMPLETION, DONE, Responses, sse
+from coordinator.api.openai_responses import CHAT, COMPLETION, DONE, Responses, sse
+from coordinator.api.service import GenerationService, add_chunk
 from specdec.v1 import generate_pb2
 
 log = logging.getLogger("coordinator.http")
@@ -93,7 +93,7 @@ class OpenAIFrontend:
                  auth: APIKeys | None = None):
         self.service, self.executor = service, executor
         self.request_timeout_s = request_timeout_s
-        self.auth = auth  # None: no API keys (coordinator.auth)
+        self.auth = auth  # None: no API keys (coordinator.api.auth)
 
     def _admit(self, request: Request):
         """The caller's API-key slot (UNAUTHENTICATED / 401 without a valid key)."""

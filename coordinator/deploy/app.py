@@ -7,7 +7,7 @@ added or removed by Serve's autoscaler on ongoing requests with no code of ours.
 
 HTTP goes through Serve's FastAPI ingress (`serve.ingress`), as Serve documents it, so
 a RayService exposes and scales it like the gRPC port; each route is one call into
-coordinator.http_api, which runs the same GenerationService.
+coordinator.api.http_api, which runs the same GenerationService.
 
 The deployment is a thin shell: each method runs GenerationService's blocking
 generator one round at a time in a worker thread, maps domain errors to status codes
@@ -34,10 +34,10 @@ from grpc_health.v1 import health_pb2
 from ray import serve
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from coordinator.auth import APIKeys, metadata_value
-from coordinator.bridge import close_after, next_in_thread
-from coordinator.generation import add_chunk
-from coordinator.http_api import OpenAIFrontend, route_error
+from coordinator.api.auth import APIKeys, metadata_value
+from coordinator.api.bridge import close_after, next_in_thread
+from coordinator.api.http_api import OpenAIFrontend, route_error
+from coordinator.api.service import add_chunk
 from specdec.errors import grpc_status
 from specdec.metrics import PORT_TRIES, PrometheusLoopMetrics
 from specdec.v1 import generate_pb2
@@ -106,8 +106,8 @@ class CoordinatorReplica:
     tests build this plain class instead)."""
 
     def __init__(self, config: dict):
-        from coordinator.config import CoordinatorConfig, with_environment
-        from coordinator.setup import build_service
+        from coordinator.deploy.config import CoordinatorConfig, with_environment
+        from coordinator.deploy.setup import build_service
 
         logging.basicConfig(level=config.get("log_level", "INFO"))
         cfg = CoordinatorConfig(**with_environment(config))
@@ -209,7 +209,7 @@ class CoordinatorReplica:
             raise
 
     async def front_stream(self, request, authorization: str | None = None):
-        """GenerateStream for coordinator.front (the TLS gRPC server in the driver), called
+        """GenerateStream for coordinator.deploy.front (the TLS gRPC server in the driver), called
         through a Serve handle: the chunks, then a `FrontError` in place of any failure
         (so its status code crosses Ray as data, not as a wrapped exception)."""
         try:
@@ -237,9 +237,9 @@ def application(args: dict):
     """The bound Serve application, with the autoscaling config from its arguments.
 
     Also a Serve application builder: a RayService's serveConfigV2 can give
-    `import_path: coordinator.app:application` and any subset of CoordinatorConfig's
+    `import_path: coordinator.deploy.app:application` and any subset of CoordinatorConfig's
     fields as `args`; defaults fill in the rest."""
-    from coordinator.config import CoordinatorConfig
+    from coordinator.deploy.config import CoordinatorConfig
 
     config = CoordinatorConfig(**(args or {})).to_dict()
     autoscaling = {

@@ -6,7 +6,7 @@ pre-draft is used if the committed ids are what it assumed; otherwise it is call
 (the draft stops at its next token) and counted wasted. The prefill round's pre-draft
 ("lead") is different: it proposes from the prompt alone, its own first tokens standing
 in for tokens the target has not decided yet, and it is judged once those are known.
-Contrastive rounds pre-draft with a lead too (coordinator.contrastive_round): the bonus
+Contrastive rounds pre-draft with a lead too (coordinator.loop.contrastive_round): the bonus
 is the contrastive choice, which only the look-up decides, so the draft's own next token
 is its guess; such a pre-draft is called off as soon as the round's outcome rules it out.
 
@@ -21,9 +21,9 @@ from dataclasses import dataclass
 
 import grpc
 
-from coordinator.clients import Cancel, Proposal
-from coordinator.link import RESYNC_CODES, DraftLink
 from coordinator.record import Recorder
+from coordinator.remote.clients import Cancel, Proposal
+from coordinator.remote.link import RESYNC_CODES, DraftLink
 from specdec.digest import TokenPrefix
 from specdec.sampling import SamplingParams
 from specdec.sync import SyncRequest

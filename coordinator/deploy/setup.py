@@ -7,11 +7,11 @@ import time
 
 import grpc
 
-from coordinator.clients import DraftClient, TargetClient
-from coordinator.config import CoordinatorConfig
-from coordinator.generation import GenerationService, Limits, ModelCard
+from coordinator.api.service import GenerationService, Limits, ModelCard
+from coordinator.deploy.config import CoordinatorConfig
 from coordinator.loop import SpeculativeLoop
-from coordinator.routing import Router, address_source
+from coordinator.remote.clients import DraftClient, TargetClient
+from coordinator.remote.routing import Router, address_source
 from specdec.tls import client_tls
 
 log = logging.getLogger(__name__)

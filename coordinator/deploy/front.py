@@ -31,14 +31,14 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from coordinator.auth import metadata_value
-from coordinator.generation import add_chunk
+from coordinator.api.auth import metadata_value
+from coordinator.api.service import add_chunk
 from specdec.grpc_server import Malformed, lenient, malformed_message
 from specdec.tls import ServerTLS
 from specdec.tls_proxy import TLSTerminator
 from specdec.v1 import generate_pb2, generate_pb2_grpc
 
-log = logging.getLogger("coordinator.front")
+log = logging.getLogger("coordinator.deploy.front")
 
 GRPC_HOST = "[::]"  # like Serve's own gRPC proxy: every interface
 
@@ -50,7 +50,7 @@ class GeneratorFront(generate_pb2_grpc.GeneratorServicer):
         self._stream = handle.options(stream=True, method_name="front_stream")
 
     async def GenerateStream(self, request, context):  # noqa: N802 - RPC name
-        from coordinator.app import FrontError
+        from coordinator.deploy.app import FrontError
 
         if isinstance(request, Malformed):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,

@@ -1,7 +1,7 @@
 """Coordinator configuration and its command-line flags.
 
 The loop's defaults (K, pipelining, adaptive K, the confidence exit) come from
-coordinator.policy.LoopPolicy, the one place that defines them.
+coordinator.loop.policy.LoopPolicy, the one place that defines them.
 """
 
 from __future__ import annotations
@@ -9,8 +9,9 @@ from __future__ import annotations
 import argparse
 from dataclasses import asdict, dataclass, fields
 
-from coordinator.policy import DEFAULT_POLICY as P
-from coordinator.policy import LoopPolicy
+from coordinator.drafters.base import DRAFTERS
+from coordinator.loop.policy import DEFAULT_POLICY as P
+from coordinator.loop.policy import LoopPolicy
 
 DEFAULT_PORT = 50050
 # Ray runs its worker processes (a Serve replica is one) at niceness 15 by default. A
@@ -32,7 +33,7 @@ class CoordinatorConfig:
     http_port: int = DEFAULT_HTTP_PORT  # 0 = no HTTP API
     served_model_name: str = ""  # "" = the target's model_id
     request_timeout: float = 600.0
-    api_keys: str = ""  # a key file (coordinator.auth); "" = no authentication
+    api_keys: str = ""  # a key file (coordinator.api.auth); "" = no authentication
     api_key_concurrency: int = 0  # generations at once per key and replica; 0 = no cap
     model: str = ""  # tokenizer source; "" = the target's model_id
     k: int = P.k
@@ -60,7 +61,7 @@ class CoordinatorConfig:
     tls_cert: str = ""
     tls_key: str = ""
     tls_server_name: str = ""
-    # TLS on the client API (coordinator.front); "" = plaintext through Serve's proxies.
+    # TLS on the client API (coordinator.deploy.front); "" = plaintext through Serve's proxies.
     api_tls_cert: str = ""
     api_tls_key: str = ""
     api_tls_client_ca: str = ""
@@ -174,12 +175,14 @@ def parser() -> argparse.ArgumentParser:
                         "unchanged, sampled output then depends on timing "
                         "(default: %(default)s)")
     p.add_argument("--load-aware-k", action=on_off, default=P.load_aware_k,
-                   help="when a request leaves K to the server, choose K each round from the "
-                        "target's measured batched pass costs, the draft's cost and the "
-                        "acceptance, down to 0 (target-only rounds) when the target is "
-                        "compute-bound, so speculation is never slower than plain decoding "
-                        "under load; greedy output is unchanged, sampled output stays exact "
-                        "in distribution but depends on timing (default: %(default)s)")
+                   help="when a request leaves K to the server, choose K every step from "
+                        "both services' measured pass costs and each generation's "
+                        "acceptance (goodput, coordinator.loop.plan), down to 0 "
+                        "(target-only) for generations whose drafts do not pay, and let "
+                        "the governor keep drafting only where it measurably earns more "
+                        "tokens per second than target-only (coordinator.loop.governor); "
+                        "greedy output is unchanged, sampled output stays exact in "
+                        "distribution but depends on timing (default: %(default)s)")
     p.add_argument("--confidence-exit", action=on_off, default=P.confidence_exit,
                    help="the draft stops a round early once its probability of its own token "
                         "falls below a threshold that adapts to the generation's acceptance "
@@ -202,7 +205,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--top-n", type=int, default=P.top_n,
                    help="size of the sparse draft distribution per token; 0 = the draft's "
                         "default (default: %(default)s)")
-    p.add_argument("--drafter", default=P.drafter, choices=["model", "lookup", "hybrid"],
+    p.add_argument("--drafter", default=P.drafter, choices=list(DRAFTERS),
                    help="who drafts: model = the draft service; lookup = model-free, "
                         "continuations of the context found in the prompt and the text so "
                         "far (a suffix trie, SuffixDecoding-style; works without a draft "

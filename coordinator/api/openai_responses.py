@@ -2,7 +2,7 @@
 
 The shapes are OpenAI's (`chat.completion`, `chat.completion.chunk`, `text_completion`),
 so the official `openai` package parses them unchanged; specdec's additions are extra
-keys it keeps in `model_extra` (see coordinator.openai_api for the list).
+keys it keeps in `model_extra` (see coordinator.api.openai_api for the list).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import json
 import secrets
 import time
 
-from coordinator.openai_api import FINISH_REASONS, KIND_NAMES
+from coordinator.api.openai_api import FINISH_REASONS, KIND_NAMES
 from specdec.v1 import generate_pb2
 
 CHAT, COMPLETION = "chat", "completion"

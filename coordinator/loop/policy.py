@@ -16,7 +16,7 @@ class LoopPolicy:
     k: int = 4  # draft tokens per round when a request does not say
     pipeline: bool = True  # pre-draft round r+1 while round r is verified
     prefill_overlap: bool = True  # pipelined: round 1 overlaps the two prefills
-    adaptive_k: bool = False  # choose K per round (coordinator.adaptive.AdaptiveK)
+    adaptive_k: bool = False  # choose K per round (coordinator.drafters.adaptive.AdaptiveK)
     # K from the measured batched costs when a request leaves K to the server
     # (coordinator.load.LoadAwareK): shrinks to 0 when the target is compute-bound.
     load_aware_k: bool = True
@@ -24,7 +24,7 @@ class LoopPolicy:
     exit_threshold: float = 0.3  # the confidence exit's starting threshold
     exit_target_acceptance: float = 0.8  # the acceptance the exit steers towards
     top_n: int = 0  # sparse q size per drafted token; 0 = the draft's default
-    # Who drafts (coordinator.hybrid): "model", "lookup" (model-free, needs no draft
+    # Who drafts (coordinator.drafters.costs): "model", "lookup" (model-free, needs no draft
     # service) or "hybrid" (per round, whichever is expected to give more tokens/s).
     drafter: str = "hybrid"
     lookup_k: int = 8  # drafts per look-up round at most
