@@ -425,13 +425,21 @@ def _label(ax, ylabel: str, title: str, xlabel: str | None = None) -> None:
 
 
 def failures(rows: list[LoadRow]) -> list[str]:
-    """What makes `specdec load` exit 1: failed requests, and greedy outputs that differ
-    from the same prompt generated alone."""
+    """What makes `specdec load` exit 1: failed requests, and greedy outputs of specdec's
+    own rows that differ from the same prompt generated alone (a peer's are `findings`)."""
     out = [f"{_label_of(r)} N={r.concurrency}: {sum(r.errors.values())} failed requests "
            f"{r.errors}" for r in rows if r.errors]
-    return out + [f"{_label_of(r)} N={r.concurrency}: {r.mismatches} of {r.compared} "
-                  "greedy outputs differ from the same prompt's alone"
-                  for r in rows if r.mismatches]
+    return out + [_mismatch(r) for r in rows if r.mismatches and r.api]
+
+
+def findings(rows: list[LoadRow]) -> list[str]:
+    """What a peer got wrong: reported, not a failure of this run."""
+    return [_mismatch(r) for r in rows if r.mismatches and not r.api]
+
+
+def _mismatch(r: LoadRow) -> str:
+    return (f"{_label_of(r)} N={r.concurrency}: {r.mismatches} of {r.compared} greedy "
+            "outputs differ from the same prompt's alone")
 
 
 def write(rows: list[LoadRow], meta: dict, out_dir: Path) -> tuple[str, list[Path]]:

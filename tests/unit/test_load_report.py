@@ -207,6 +207,17 @@ def test_peer_rows_have_no_api():
     assert row.api == "" and "| 1 | - | peer plain |" in "\n".join(lr.table([row]))
 
 
+def test_a_peers_mismatches_are_findings_and_ours_are_failures():
+    ours = lr.summarise(_windows())
+    assert [f for f in lr.failures(ours) if "differ" in f] == [
+        "grpc: speculative N=2: 1 of 2 greedy outputs differ from the same prompt's alone"]
+    for row in ours:
+        row.api = ""  # the same rows as a peer's
+    assert not [f for f in lr.failures(ours) if "differ" in f]
+    assert lr.findings(ours) == [
+        "speculative N=2: 1 of 2 greedy outputs differ from the same prompt's alone"]
+
+
 def test_http_driver_reads_sse_events_into_a_sample():
     """specdec.bench.load_http: tokens and their count per chunk from specdec.token_ids
     (not the text), stats from the usage chunk, an error event's code, a stream cut
