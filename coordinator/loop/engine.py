@@ -190,9 +190,11 @@ class Engine:
         """Teach the planner what this step's calls cost (one replica of each service:
         the calls' wall times against what they carried)."""
         costs = self.planner.costs
-        tokens = sum(len(r.request.new_tokens) for r in rounds if r.verdict is not None)
-        if tokens and verify_s > 0:
-            costs.target.add((1.0, tokens), verify_s)
+        verified = [r for r in rounds if r.verdict is not None]
+        tokens = sum(min(len(r.request.new_tokens), len(r.drafts) + 1) for r in verified)
+        prefill = sum(len(r.request.new_tokens) for r in verified) - tokens
+        if verified and verify_s > 0:
+            costs.target.add((1.0, tokens, prefill), verify_s)
         asked = [r for r in rounds if r.predraft is not None]
         if asked and draft_s > 0:
             measure_drafting(costs, [(r.predraft.request, r.reply) for r in asked], draft_s)

@@ -75,12 +75,14 @@ class Fit:
 @dataclass
 class Costs:
     """What a step costs, measured: a VerifyBatch by the tokens it verifies (its wall
-    time), a draft pass by the sessions in it (as the draft reports its passes), the rest
+    time), those of rounds (one per session and its drafts) apart from the rest a
+    prefill feeds (a prompt's tokens cost far less each than a token per session: fitted
+    together, prefills flatten the slope and drafts look free), a draft pass by the sessions in it (as the draft reports its passes), the rest
     of a ProposeBatch (its first pass, which feeds each session's catch-up, and the
     call) by the tokens that first pass feeds, and the coordinator's own time between
     the calls."""
 
-    target: Fit = field(default_factory=lambda: Fit(2))  # 1, tokens
+    target: Fit = field(default_factory=lambda: Fit(3))  # 1, round tokens, prefill tokens
     draft_pass: Fit = field(default_factory=lambda: Fit(2))  # 1, sessions
     draft_first: Fit = field(default_factory=lambda: Fit(2))  # 1, tokens fed first
     overhead_s: float | None = None
@@ -90,8 +92,9 @@ class Costs:
         return self.target.ready and self.draft_pass.ready and self.draft_first.ready \
             and self.overhead_s is not None
 
-    def verify_s(self, tokens: float) -> float:
-        return self.target(1.0, tokens)
+    def verify_s(self, tokens: float, prefill: float = 0.0) -> float:
+        """A VerifyBatch of `tokens` in rounds (1 + drafts each) and `prefill` more."""
+        return self.target(1.0, tokens, prefill)
 
     def draft_s(self, passes: int, sessions: int, first_tokens: float) -> float:
         """A ProposeBatch of `passes` passes over `sessions` sessions whose first pass
@@ -177,17 +180,18 @@ class Planner:
             exp.append((1 - a ** (k + 1)) / (1 - a) if k and g.drafts_with_model else 1.0)
         ready = [i for i, g in enumerate(gens) if g.ready and ks[i]]
         base_tokens = sum(exp[i] for i in ready) + len(gens) - len(ready)
-        target = sum(g.extra_target_tokens + 1 for g in gens) + sum(ks[i] for i in ready)
+        target = len(gens) + sum(ks[i] for i in ready)
+        prefill = sum(g.extra_target_tokens for g in gens)
         drafting = self.costs.draft_s(max(ks) + 1, len(ready) + len(missing),
                                       2 * (len(ready) + len(missing)))
         o = self.costs.overhead_s or 0.0
-        without = base_tokens / (max(self.costs.verify_s(target), drafting) + o)
+        without = base_tokens / (max(self.costs.verify_s(target, prefill), drafting) + o)
         first = self.costs.draft_s(max(ks[i] for i in missing) + 1, len(missing),
                                    sum(gens[i].catch_up for i in missing))
         more = sum(exp[i] - 1 for i in missing)
         extra = sum(ks[i] for i in missing)
         with_ = (base_tokens + more) / (
-            first + max(self.costs.verify_s(target + extra), drafting) + o)
+            first + max(self.costs.verify_s(target + extra, prefill), drafting) + o)
         return with_ > without
 
     def describe(self) -> str:
@@ -195,7 +199,8 @@ class Planner:
         if not c.ready:
             return "not measured yet"
         t, p, f = c.target.coef(), c.draft_pass.coef(), c.draft_first.coef()
-        return (f"verify {t[0] * 1e3:.1f} + {t[1] * 1e3:.2f}/token ms, draft pass "
+        return (f"verify {t[0] * 1e3:.1f} + {t[1] * 1e3:.2f}/token + {t[2] * 1e3:.2f}/prefill "
+                f"token ms, draft pass "
                 f"{p[0] * 1e3:.1f} + {p[1] * 1e3:.2f}/session ms, first pass and call "
                 f"{f[0] * 1e3:.1f} + {f[1] * 1e3:.2f}/token ms, overhead "
                 f"{c.overhead_s * 1e3:.1f} ms")
@@ -205,7 +210,7 @@ class Planner:
         (module notes). A cold draft session's catch-up is paid once: it is charged to
         this step in proportion to the steps the generation has left."""
         tokens = target_tokens = float(len(gens))
-        target_tokens += sum(g.extra_target_tokens for g in gens)
+        prefill = sum(g.extra_target_tokens for g in gens)
         fed = 0.0
         for i in model[:m]:
             g = gens[i]
@@ -218,7 +223,7 @@ class Planner:
             target_tokens += pi * kk
             steps_left = max(1.0, g.remaining / per_step)
             fed += 1 + g.catch_up * min(1.0, AMORTISE_STEPS / steps_left)
-        seconds = self.costs.verify_s(target_tokens)
+        seconds = self.costs.verify_s(target_tokens, prefill)
         if m:
             seconds = max(seconds, self.costs.draft_s(k + 1, m, fed))
         return tokens / (seconds + (self.costs.overhead_s or 0.0))

@@ -17,7 +17,7 @@ def teach(planner: Planner, verify=(0.020, 0.0009), propose=(0.002, 0.008, 0.001
         n = sessions[i % len(sessions)]
         passes = 2 + i % 4
         fed = n * (passes + i % 3)
-        planner.costs.target.add((1.0, n * (1 + i % 5)), v0 + v1 * n * (1 + i % 5))
+        planner.costs.target.add((1.0, n * (1 + i % 5), 0.0), v0 + v1 * n * (1 + i % 5))
         pass_s = d0 + d1 * n
         planner.costs.drafted(passes, n, fed, c + d1 * fed + passes * pass_s, pass_s)
         planner.costs.step(overhead + 0.05, 0.05)
@@ -104,3 +104,22 @@ def test_acceptance_is_a_ratio_of_decayed_counts():
     assert acc.rate == pytest.approx((3 + 1) / (5 + 2))
     acc.observe(2, 2)  # all accepted: no failure counted
     assert acc.rate == pytest.approx((5 + 1) / (7 + 2))
+
+
+def test_prefills_do_not_flatten_the_cost_of_a_round_token():
+    """A prompt's tokens cost little each; fitted on one line with rounds' tokens they
+    would make drafts look nearly free. The two are fitted apart."""
+    planner = Planner(default_k=4, k_max=15)
+    v0, per_round_token, per_prefill_token = 0.050, 0.0025, 0.0002
+    for i in range(4 * MIN_SAMPLES):
+        tokens = 32 * (1 + i % 3)  # 32 sessions, K = 0..2
+        prefill = 300 * (i % 2)  # every other step holds a prompt
+        planner.costs.target.add((1.0, tokens, prefill),
+                                 v0 + per_round_token * tokens + per_prefill_token * prefill)
+    assert planner.costs.verify_s(96) == pytest.approx(v0 + per_round_token * 96, rel=0.02)
+    assert planner.costs.verify_s(32, 300) == pytest.approx(
+        v0 + per_round_token * 32 + per_prefill_token * 300, rel=0.02)
+    one_line = Fit(2)
+    for x, y in planner.costs.target.samples:
+        one_line.add((1.0, x[1] + x[2]), y)
+    assert one_line(1.0, 96) < 0.8 * planner.costs.verify_s(96)  # what it replaced
