@@ -21,9 +21,9 @@ WISP (2026) model a remote draft's. K falls when the draft is the bottleneck (d 
 with n) and when the target is (t grows with the tokens); K = 0 for a generation whose
 drafts do not pay, and for everyone when none do.
 
-Until both services' costs are measured, every generation drafts the default K. A
-generation left at K = 0 drafts one token every `PROBE_EVERY` steps, so that its
-acceptance stays measured.
+Until both services' costs are measured, every generation drafts the default K. Whether
+drafting pays at all is checked against measured throughput by the governor
+(coordinator.loop.governor), whose draft windows also keep acceptance measured.
 """
 
 from __future__ import annotations
