@@ -156,12 +156,12 @@ class Engine:
         """The generations to draft for before this step's Verify, pipelined: those whose
         pre-draft missed (none at hand) and whose draft session is warm (a cold one
         prefills beside the target's prefill instead, its first token standing for the
-        target's), when the planner judges it pays. A request that set K never waits
-        (its round after a miss has no model drafts while the next pre-draft starts from
-        the corrected ids), so that its rounds, and a seeded sampled generation's text,
-        do not depend on timing."""
+        target's), when the planner judges it pays. A sampled request that set K never
+        waits (its round after a miss has no model drafts while the next pre-draft starts
+        from the corrected ids), so that its rounds, and a seeded text, do not depend on
+        timing; a greedy one may, its output being the target's whatever the drafts."""
         missing = [i for i, c in enumerate(candidates) if ks[i] and c.drafts_with_model
-                   and not c.ready and not c.cold and not c.fixed]
+                   and not c.ready and not c.cold and (c.greedy or not c.fixed)]
         if missing and self.planner.fetch_pays(candidates, ks, missing):
             return missing
         return []

@@ -98,7 +98,7 @@ class Generation:
                          model, self.fixed_k, fed, self.remaining,
                          min(target_new, PREFILL_CHUNK) - 1,
                          self.drafter is not None and self.drafter.has_drafts,
-                         model and not self.draft.view.tokens)
+                         model and not self.draft.view.tokens, self.sampling.greedy)
 
     # -- a round -----------------------------------------------------------------------
 

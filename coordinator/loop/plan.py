@@ -77,10 +77,10 @@ class Costs:
     """What a step costs, measured: a VerifyBatch by the tokens it verifies (its wall
     time), those of rounds (one per session and its drafts) apart from the rest a
     prefill feeds (a prompt's tokens cost far less each than a token per session: fitted
-    together, prefills flatten the slope and drafts look free), a draft pass by the sessions in it (as the draft reports its passes), the rest
-    of a ProposeBatch (its first pass, which feeds each session's catch-up, and the
-    call) by the tokens that first pass feeds, and the coordinator's own time between
-    the calls."""
+    together, prefills flatten the slope and drafts look free); a draft pass by the
+    sessions in it (as the draft reports its passes); the rest of a ProposeBatch (its
+    first pass, which feeds each session's catch-up, and the call) by the tokens that
+    first pass feeds; and the coordinator's own time between the calls."""
 
     target: Fit = field(default_factory=lambda: Fit(3))  # 1, round tokens, prefill tokens
     draft_pass: Fit = field(default_factory=lambda: Fit(2))  # 1, sessions
@@ -126,6 +126,7 @@ class Candidate:
     extra_target_tokens: int = 0  # fed to the target this step beyond a round (a prefill)
     ready: bool = False  # model drafts for this round are at hand (a pre-draft held)
     cold: bool = False  # the draft holds nothing of it yet (its first drafts prefill)
+    greedy: bool = False  # its output is the target's whichever drafts a round has
 
 
 class Planner:

@@ -123,3 +123,23 @@ def test_prefills_do_not_flatten_the_cost_of_a_round_token():
     for x, y in planner.costs.target.samples:
         one_line.add((1.0, x[1] + x[2]), y)
     assert one_line(1.0, 96) < 0.8 * planner.costs.verify_s(96)  # what it replaced
+
+
+def test_a_request_that_set_k_is_fetched_for_only_when_greedy():
+    """After a missed pre-draft, drafting first is the planner's call for a server-K
+    generation and a greedy one that set K (its output is the target's whatever the
+    drafts), never for a sampled one that set K (its seeded text must not depend on
+    measured timings)."""
+    from coordinator.loop.engine import Engine
+
+    engine = Engine(Planner(default_k=4, k_max=15))
+    try:
+        missed = [Candidate(0.9, 4, True), Candidate(0.9, 4, True, fixed=True, greedy=True),
+                  Candidate(0.9, 4, True, fixed=True), Candidate(0.9, 4, True, cold=True),
+                  Candidate(0.9, 4, False)]
+        assert engine._to_fetch(missed[:3], [4, 4, 4]) == [0, 1]
+        # a cold draft session prefills beside the target instead; without a draft
+        # model there is nothing to fetch
+        assert engine._to_fetch(missed, [4] * 5) == [0, 1]
+    finally:
+        engine.close()
