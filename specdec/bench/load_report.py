@@ -19,7 +19,8 @@ from pathlib import Path
 
 from specdec.bench import drain
 from specdec.bench.harness import Sample
-from specdec.bench.report import _fmt, _save, write_json
+from specdec.bench.load_plots import plots
+from specdec.bench.report import _fmt, write_json
 from specdec.sampling import SamplingParams
 
 __all__ = ["DEFINITIONS", "Load", "LoadRow", "LoadSample", "Window", "failures", "load_json",
@@ -163,6 +164,11 @@ class LoadRow:
     ttft_p99_ms: float | None = None
     tpot_p50_ms: float | None = None  # DEFINITIONS["tpot"]
     tpot_p99_ms: float | None = None
+
+    @property
+    def label(self) -> str:
+        """Its line in plots and messages: the api and scenario (a peer: the scenario)."""
+        return f"{self.api}: {self.scenario}" if self.api else self.scenario
 
 
 def percentile(xs, q: float) -> float | None:
@@ -338,7 +344,7 @@ def markdown(rows: list[LoadRow], meta: dict) -> str:
            "window(s) per (api, scenario, N), interleaved.", ""]
     out += [f"- {d}" for d in DEFINITIONS.values()]
     out += [""] + table(rows) + [""]
-    out += [f"Steady state: {_label_of(r)} N={r.concurrency}: {r.steady_fallbacks} window(s) "
+    out += [f"Steady state: {r.label} N={r.concurrency}: {r.steady_fallbacks} window(s) "
             "had no interval with every stream active; counted at wall time."
             for r in rows if r.steady_fallbacks]
     out += [f"Peers: {meta['peer_config']}."] if meta.get("peer_config") else []
@@ -356,78 +362,10 @@ def load_json(path: Path) -> tuple[list[LoadRow], dict]:
     return rows, data["meta"]
 
 
-def plots(rows: list[LoadRow], out_dir: Path) -> list[Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    by_scenario: dict[str, list[LoadRow]] = defaultdict(list)  # one line per (api, scenario)
-    for r in sorted(rows, key=lambda r: r.concurrency):
-        by_scenario[_label_of(r)].append(r)
-    color = {name: f"C{i % 10}" for i, name in enumerate(by_scenario)}  # one per scenario
-    files = []
-    fig, ax = plt.subplots(figsize=(7, 6))
-    for name, rs in by_scenario.items():
-        ax.plot([r.concurrency for r in rs], [r.aggregate_tps for r in rs], "o-", label=name,
-                color=color[name])
-    _label(ax, "aggregate tokens/s", "throughput vs concurrency")
-    files.append(_save(fig, out_dir / "throughput_vs_concurrency.png"))
-    fig, ax = plt.subplots(figsize=(7, 6))
-    for name, rs in by_scenario.items():
-        rs = [r for r in rs if r.itl_p50_ms is not None]
-        ax.plot([r.aggregate_tps for r in rs], [r.itl_p50_ms for r in rs], "o-", label=name,
-                color=color[name])
-        for r in rs:
-            ax.annotate(f"N={r.concurrency}", (r.aggregate_tps, r.itl_p50_ms), fontsize=6)
-    _label(ax, "inter-token latency p50 (ms)", "latency vs throughput", "aggregate tokens/s")
-    files.append(_save(fig, out_dir / "itl_vs_throughput.png"))
-    fig, ax = plt.subplots(figsize=(7, 6))
-    for name, rs in by_scenario.items():
-        rs = [r for r in rs if r.tpot_p50_ms is not None]
-        if rs:
-            ns = [r.concurrency for r in rs]
-            ax.plot(ns, [r.tpot_p50_ms for r in rs], "o-", label=f"{name} p50",
-                    color=color[name])
-            ax.plot(ns, [r.tpot_p99_ms for r in rs], "o--", label=f"{name} p99",
-                    color=color[name])
-    _label(ax, "time per output token (ms)", "TPOT p50 and p99 vs concurrency")
-    files.append(_save(fig, out_dir / "tpot_vs_concurrency.png"))
-    ratios = {n: [r for r in rs if r.throughput_ratio is not None]
-              for n, rs in by_scenario.items()}
-    if any(ratios.values()):
-        fig, ax = plt.subplots(figsize=(7, 6))
-        for name, rs in ratios.items():
-            if rs:
-                ax.plot([r.concurrency for r in rs], [r.throughput_ratio for r in rs], "o-",
-                        label=name, color=color[name])
-        ax.axhline(1.0, color="grey", lw=0.8)
-        _label(ax, "throughput ratio over its baseline", "throughput ratio vs concurrency")
-        files.append(_save(fig, out_dir / "throughput_ratio_vs_concurrency.png"))
-    return files
-
-
-def _label_of(r: LoadRow) -> str:
-    return f"{r.api}: {r.scenario}" if r.api else r.scenario
-
-
-def _label(ax, ylabel: str, title: str, xlabel: str | None = None) -> None:
-    """Axes labels and legend; without `xlabel`, x is the concurrency on a log2 scale."""
-    if xlabel is None:
-        from matplotlib.ticker import FormatStrFormatter
-
-        ax.set_xscale("log", base=2)
-        ax.xaxis.set_major_formatter(FormatStrFormatter("%g"))  # 1, 2, 4, not 2^0, 2^1
-    ax.set_xlabel(xlabel or "concurrent streams N")
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(0, -0.14))  # below: no overlap
-
-
 def failures(rows: list[LoadRow]) -> list[str]:
     """What makes `specdec load` exit 1: failed requests, and greedy outputs of specdec's
     own rows that differ from the same prompt generated alone (a peer's are `findings`)."""
-    out = [f"{_label_of(r)} N={r.concurrency}: {sum(r.errors.values())} failed requests "
+    out = [f"{r.label} N={r.concurrency}: {sum(r.errors.values())} failed requests "
            f"{r.errors}" for r in rows if r.errors]
     return out + [_mismatch(r) for r in rows if r.mismatches and r.api]
 
@@ -438,7 +376,7 @@ def findings(rows: list[LoadRow]) -> list[str]:
 
 
 def _mismatch(r: LoadRow) -> str:
-    return (f"{_label_of(r)} N={r.concurrency}: {r.mismatches} of {r.compared} greedy "
+    return (f"{r.label} N={r.concurrency}: {r.mismatches} of {r.compared} greedy "
             "outputs differ from the same prompt's alone")
 
 
