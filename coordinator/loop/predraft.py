@@ -93,13 +93,6 @@ class PreDrafts:
         if pre is not None and not pre.prefill and tokens[:len(assumed)] != assumed:
             pre.call_off()
 
-    def ready_for(self, committed: list[int]) -> bool:
-        """A pending pre-draft assumed exactly `committed` (its drafts are there or nearly:
-        taking them costs no drafting), judged without waiting for it."""
-        pre = self.pending
-        return pre is not None and not pre.called_off and not pre.lead and \
-            pre.assumed == committed
-
     def take(self, committed: list[int], k: int) -> Proposal | None:
         """The pending pre-draft for this round if its assumption held (its K may differ:
         adaptive K); else it is called off. Either way the draft's view is updated."""
