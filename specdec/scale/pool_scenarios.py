@@ -21,6 +21,7 @@ from specdec.scale.pools import MetricsSampler, Pools
 
 HOSTS = ["coord", "d1", "d2", "d3", "t1", "t2", "t3"]
 STREAMS = 8
+DNS_MARGIN_S = 0.5  # past --dns-refresh before a phase that follows a publish starts
 
 
 @dataclass(frozen=True)
@@ -77,8 +78,13 @@ def pools(size: Size = SHORT) -> dict:
         streams.resize(STREAMS)
         marks = [("2 drafts : 1 target", time.monotonic())]
         time.sleep(size.phase_s)
-        # Kubernetes scales the draft Deployment down and the target one up.
+        # Kubernetes scales the draft Deployment down and the target one up. The phase
+        # starts once the coordinator must have looked the names up again (every
+        # --dns-refresh s): a generation that starts before then may be pinned to d2,
+        # which its last lookup still listed, and Kubernetes' own endpoint updates lag
+        # likewise (a pod's preStop covers that window).
         p.publish(draft=["d1"], target=["t1", "t2"])
+        time.sleep(p.dns_refresh + DNS_MARGIN_S)
         marks.append(("1 draft : 2 targets (d2 left the draft list)", time.monotonic()))
         time.sleep(size.phase_s)
         p.stop("t2", kill=True)

@@ -264,3 +264,32 @@ def test_added_addresses_are_picked_up_and_readded_keep_their_replica():
 def test_replica_defaults():
     r = Replica("x:1", None)
     assert (r.pinned, r.down_until, r.failures) == (0, 0.0, 0)
+
+
+def test_once_dns_has_been_looked_up_again_a_removed_replica_is_never_pinned():
+    """Issue 30's pool-removal case: d2 leaves the draft Service's DNS records. Within
+    the refresh period the coordinator still uses its last answer; from the next lookup
+    on, no new pin goes to d2 and a generation pinned there moves at its next call."""
+    from coordinator.record import LoopStats, Recorder
+    from coordinator.remote.clients import WireBytes
+    from coordinator.remote.link import DraftLink
+    from coordinator.remote.routing import DnsAddresses, Pins
+    from specdec.metrics import LoopMetrics
+
+    clock = FakeClock()
+    answer = ["d1:1", "d2:1"]
+    source = DnsAddresses("specdec-draft", 1, refresh_s=1.0,
+                          resolver=lambda host, port: list(answer), clock=clock)
+    router, _ = make_router(source, clock=clock)
+    links = [DraftLink(router, Pins(), f"s{i}", Recorder(LoopStats(), LoopMetrics(), 4),
+                       WireBytes(), 0.1)
+             for i in range(4)]
+    assert all(link.ready() for link in links)
+    assert sorted(link.replica.address for link in links) == ["d1:1", "d1:1", "d2:1", "d2:1"]
+    answer[:] = ["d1:1"]  # published; the coordinator looked up 0.4 s ago
+    clock.now += 0.4
+    assert "d2:1" in source.addresses()  # its last answer: the window DNS allows
+    clock.now += 0.6  # the refresh period has passed: the next use looks up again
+    assert {router.acquire().address for _ in range(20)} == {"d1:1"}
+    for link in links:
+        assert link.ready() and link.replica.address == "d1:1"
