@@ -89,7 +89,7 @@ class build_py_with_protos(build_py):  # noqa: N801
 PACKAGES = sorted(
     {*find_packages(include=["specdec", "specdec.*", "draft_service", "draft_service.*",
                              "target_service", "target_service.*", "coordinator",
-                             "coordinator.*"]),
+                             "coordinator.*", "specdec_tools", "specdec_tools.*"]),
      "specdec.v1"}
 )
 

@@ -1,4 +1,4 @@
-"""`specdec generate`, `specdec up` and `specdec demo`."""
+"""`specdec generate` and `specdec up` (`specdec demo` is the tooling's: specdec_tools.demo)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ from contextlib import ExitStack
 log = logging.getLogger("specdec")
 
 API_KEY_ENV = "SPECDEC_API_KEY"
-DEMO_PROMPT = "Explain in a few sentences why the sky is blue."
 
 
 def request_options(args: argparse.Namespace) -> dict:
@@ -103,50 +102,6 @@ def up(args: argparse.Namespace) -> int:
     return 0
 
 
-def demo(args: argparse.Namespace) -> int:
-    """Prepare, start everything, K vs K=0 on one chat prompt, print both and the speedup."""
-    from specdec import stack
-    from specdec.bench import harness
-    from specdec.bench.system import BASELINE, GrpcScenario
-    from specdec.prepare import prepare_smollm2
-    from specdec.runtime.openvino_export import export
-    from specdec.tls import open_channel
-    from specdec.v1 import generate_pb2_grpc
-
-    print("== preparing the SmolLM2-135M model and its OpenVINO IRs (cached after the first "
-          "run)", flush=True)
-    folder = prepare_smollm2()
-    for weights in ("fp32", "int8"):
-        export(folder, weights, say=lambda m: print(m, flush=True))
-    cfg = stack_config(args)
-    with ExitStack() as es:
-        print("== starting target, draft and coordinator on loopback", flush=True)
-        s = stack.start(cfg, es)
-        with open_channel(s.address, tls=s.client_tls) as channel:
-            stub = generate_pb2_grpc.GeneratorStub(channel)
-            spec_sc = GrpcScenario(stub, cfg.k)
-            print(f"== warming up, then generating greedily, K={cfg.k} and K=0 back to back, "
-                  f"{args.repeats} times", flush=True)
-            samples = harness.run_side_by_side([spec_sc, GrpcScenario(stub, 0)], [args.prompt],
-                                               args.max_new_tokens, args.repeats,
-                                               warmup=True, desc="demo")
-    spec = next(x for x in samples if x.scenario == spec_sc.name)
-    base = next(x for x in samples if x.scenario == BASELINE)
-    same = all(x.token_ids == base.token_ids for x in samples)
-    print(f"\n--- speculative (K={cfg.k}) ---\n{spec.text}\n")
-    print(f"--- target only (K=0) ---\n{base.text}\n")
-    print(f"identical token ids: {'yes' if same else 'NO'} ({spec.tokens} tokens)")
-    print(f"target-only: {harness.median_tps(samples, BASELINE):.1f} tokens/s   speculative: "
-          f"{harness.median_tps(samples, spec_sc.name):.1f} tokens/s (medians of "
-          f"{args.repeats})   speedup: "
-          f"{harness.speedup(samples, spec_sc.name, BASELINE):.2f}x")
-    print(f"  ({harness.SPEEDUP_DEFINITION})")
-    print(f"acceptance: {spec.accepted / max(spec.drafted, 1):.2f} of drafted tokens "
-          f"({spec.accepted}/{spec.drafted}), {spec.tokens / max(spec.rounds, 1):.2f} tokens "
-          f"per target pass")
-    return 0 if same else 1
-
-
 def stack_config(args: argparse.Namespace):
     from specdec.pair import CONTRASTIVE_PAIR, DEFAULT_PAIR, Pair
     from specdec.stack import StackConfig
@@ -166,7 +121,7 @@ def stack_config(args: argparse.Namespace):
                        draft_port=args.draft_port, target_port=args.target_port,
                        pin=not args.no_pin, no_draft=args.no_draft,
                        drafter=args.drafter, lookup_cache=args.lookup_cache,
-                       pipeline=not args.no_pipeline, tls_dir=tls_dir(args))
+                       pipeline=False if args.no_pipeline else None, tls_dir=tls_dir(args))
 
 
 def tls_dir(args: argparse.Namespace) -> str:
@@ -181,7 +136,6 @@ def tls_dir(args: argparse.Namespace) -> str:
 
 
 def add_stack_flags(p: argparse.ArgumentParser) -> None:
-    from coordinator.drafters.base import DRAFTERS
     from specdec.pair import DEFAULT_PAIR
     from specdec.stack import StackConfig
 
@@ -212,16 +166,19 @@ def add_stack_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-draft", action="store_true",
                    help="start no draft service: the coordinator then drafts by look-up "
                         "alone (model-free), or decodes target-only with --drafter model")
-    p.add_argument("--drafter", default=d.drafter, choices=list(DRAFTERS),
+    # The coordinator's options default to the coordinator's defaults (its --help): a
+    # flag not given here is not passed on.
+    p.add_argument("--drafter", default=None, metavar="WHO",
                    help="who drafts each round: the draft service (model), a model-free "
                         "look-up in the prompt and the text so far (lookup), or per round "
-                        "whichever is expected to give more tokens/s (hybrid) "
-                        "(default: %(default)s)")
-    p.add_argument("--lookup-cache", type=int, default=d.lookup_cache, metavar="N",
+                        "whichever is expected to give more tokens/s (hybrid); the "
+                        "coordinator checks the name (default: the coordinator's)")
+    p.add_argument("--lookup-cache", type=int, default=None, metavar="N",
                    help="the look-up also drafts from each tenant's N most recent outputs; "
-                        "0 = off (default: %(default)s)")
-    p.add_argument("--k", dest="k_default", type=int, default=d.k,
-                   help="draft tokens per round (default: %(default)s)")
+                        "0 = off (default: the coordinator's)")
+    p.add_argument("--k", dest="k_default", type=int, default=None,
+                   help="draft tokens per round when a request does not say (default: the "
+                        "coordinator's)")
     p.add_argument("--port", type=int, default=d.port,
                    help="coordinator gRPC port (default: %(default)s)")
     p.add_argument("--http-port", type=int, default=d.http_port,
@@ -307,15 +264,3 @@ def add_parsers(sub) -> None:
     add_stack_flags(u)
     u.add_argument("--verbose", action="store_true", help="show the services' logs")
     u.set_defaults(func=up)
-
-    d = sub.add_parser("demo", help="the README's demo: speculative vs target-only",
-                       description="Prepare the model, start everything, generate one chat "
-                                   "answer greedily with K and with K=0, print both texts, "
-                                   "tokens/s, speedup and acceptance, then stop everything.")
-    add_stack_flags(d)
-    d.add_argument("--prompt", default=DEMO_PROMPT, help="the chat prompt")
-    d.add_argument("--max-new-tokens", type=int, default=96,
-                   help="tokens to generate (default: %(default)s)")
-    d.add_argument("--repeats", type=int, default=3,
-                   help="interleaved runs of each; medians are printed (default: %(default)s)")
-    d.set_defaults(func=demo)

@@ -2,7 +2,7 @@
 
 Used by `specdec up`, `specdec demo`, and the tests that need real processes. Each
 service logs one "... service ready: ... address=HOST:PORT" line when it serves.
-`prefix` runs the command under another one, e.g. `ip netns exec NS` (specdec.netns):
+`prefix` runs the command under another one, e.g. `ip netns exec NS` (specdec_tools.netns.network):
 the prefix must exec the command (as `ip netns exec` does), so that the process signalled
 and waited for is the service itself.
 """

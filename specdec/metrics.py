@@ -51,14 +51,11 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
-
-if TYPE_CHECKING:
-    from specdec.runtime.session import SessionStore
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +66,14 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 K_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 12, 16)
 TOKEN_BUCKETS = (1, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
 PORT_TRIES = 8  # a coordinator replica tries port, port+1, ..., port+7
+
+
+class SessionCounts(Protocol):
+    """What the metrics read of a session store (specdec.runtime.session.SessionStore)."""
+
+    def stats(self) -> Any:
+        """Its counts now: live, checked_out, cached_tokens, evicted_idle,
+        evicted_for_memory, released."""
 
 
 class _Exporter:
@@ -132,7 +137,7 @@ class ModelMetrics:
 class PrometheusModelMetrics(_Exporter, ModelMetrics):
     enabled = True
 
-    def __init__(self, kind: str, store: SessionStore | None = None):
+    def __init__(self, kind: str, store: SessionCounts | None = None):
         """kind: "draft" or "target"; store: whose session counts to report."""
         _Exporter.__init__(self)
         self.prefix = prefix = f"specdec_{kind}_"
@@ -196,7 +201,7 @@ class PrometheusModelMetrics(_Exporter, ModelMetrics):
 class SessionStoreCollector(Collector):
     """The session store's own counts (SessionStore.stats), read at scrape time."""
 
-    def __init__(self, prefix: str, store: SessionStore):
+    def __init__(self, prefix: str, store: SessionCounts):
         self.prefix = prefix
         self.store = store
 

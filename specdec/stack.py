@@ -13,7 +13,6 @@ from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from coordinator.loop.policy import DEFAULT_POLICY
 from specdec import launcher
 from specdec import pair as pairs
 
@@ -23,16 +22,18 @@ log = logging.getLogger(__name__)
 @dataclass
 class StackConfig:
     pair: pairs.Pair = pairs.DEFAULT_PAIR  # model, backend, weights, threads of each service
-    k: int = DEFAULT_POLICY.k  # the coordinator's defaults (coordinator.loop.policy)
+    # The coordinator's options; None = not passed on, so the coordinator's own default
+    # (coordinator.loop.policy) applies: each default is defined there alone.
+    k: int | None = None
     draft_port: int = 50051
     target_port: int = 50052
     port: int = 50050
     http_port: int = 8000  # the OpenAI-compatible HTTP API and /demo (0 = not exposed)
     pin: bool = True  # specdec.pair.placement(): draft on the first CPU, target on the second
-    pipeline: bool = DEFAULT_POLICY.pipeline
+    pipeline: bool | None = None
     no_draft: bool = False
-    drafter: str = DEFAULT_POLICY.drafter  # model | lookup | hybrid (coordinator.drafters.costs)
-    lookup_cache: int = DEFAULT_POLICY.lookup_cache  # recent outputs per tenant; 0 = off
+    drafter: str | None = None  # model | lookup | hybrid (coordinator.drafters.base)
+    lookup_cache: int | None = None  # recent outputs per tenant; 0 = off
     tls_dir: str = ""  # "" = plaintext; else dev certificates here and TLS on every hop
 
 
@@ -84,6 +85,18 @@ def coordinator_tls_flags(paths: dict) -> list[str]:
     return inside + ["--api-tls-cert", str(api_crt), "--api-tls-key", str(api_key)]
 
 
+def coordinator_options(cfg: StackConfig) -> list[str]:
+    """The coordinator's flags for the options `cfg` sets (the rest keep its defaults)."""
+    out = [] if cfg.k is None else ["--k", str(cfg.k)]
+    if cfg.pipeline is not None:
+        out.append("--pipeline" if cfg.pipeline else "--no-pipeline")
+    if cfg.drafter is not None:
+        out += ["--drafter", cfg.drafter]
+    if cfg.lookup_cache is not None:
+        out += ["--lookup-cache", str(cfg.lookup_cache)]
+    return out
+
+
 def start(cfg: StackConfig, stack: ExitStack, echo: bool = False) -> Stack:
     """Start all three; each is stopped (SIGTERM) when `stack` closes."""
     pair, coord_tls, client, paths = cfg.pair, [], None, None
@@ -99,10 +112,7 @@ def start(cfg: StackConfig, stack: ExitStack, echo: bool = False) -> Stack:
     running = pairs.start(pair, stack, pin=cfg.pin, target_port=cfg.target_port,
                           draft_port=cfg.draft_port, with_draft=not cfg.no_draft, echo=echo)
     coord_args = ["--target", running.target.address, "--port", str(cfg.port),
-                  "--http-port", str(cfg.http_port),
-                  "--k", str(cfg.k), "--pipeline" if cfg.pipeline else "--no-pipeline",
-                  "--drafter", cfg.drafter, "--lookup-cache", str(cfg.lookup_cache),
-                  *coord_tls]
+                  "--http-port", str(cfg.http_port), *coordinator_options(cfg), *coord_tls]
     if running.draft:
         coord_args += ["--draft", running.draft.address]
     log.info("starting coordinator (Ray Serve) ...")

@@ -3,8 +3,8 @@
 
 Everyday chat and instruction requests, written for this purpose: advice, how-to,
 explanations, short writing, small code and arithmetic, lists, comparisons. Fixed, and
-not tuned to any result. None of them is in the evaluation sets (specdec.bench.prompts,
-specdec.bench.chat_prompts, specdec.bench.open_prompts), nor on their topics, so a bench
+not tuned to any result. None of them is in the evaluation sets (specdec_tools.bench.prompts,
+specdec_tools.bench.chat_prompts, specdec_tools.bench.open_prompts), nor on their topics, so a bench
 that measures a sliced head on those sets does not measure it on the text it was ranked
 on. Changing this list changes the ranking's recipe digest, so a cached ranking and
 every sliced export made from it are rebuilt.

@@ -136,7 +136,7 @@ def test_demo_page_asks_for_the_key_and_works_with_it(secured):
     a generation streams."""
     from selenium.webdriver.common.keys import Keys
 
-    from specdec.bench import browser
+    from specdec_tools.bench import browser
 
     why = browser.missing()
     if why:

@@ -11,8 +11,8 @@ import httpx
 import pytest
 
 from specdec import certs
-from specdec.bench import browser
 from specdec.launcher import start
+from specdec_tools.bench import browser
 from tests.e2e.conftest import free_port
 
 pytestmark = pytest.mark.slow

@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from specdec.bench import browser
+from specdec_tools.bench import browser
 
 pytestmark = pytest.mark.slow
 

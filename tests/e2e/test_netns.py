@@ -1,6 +1,6 @@
 """Draft, target and coordinator on "separate hosts": each in its own network namespace
-(specdec.netns), joined by veth links, mTLS between the coordinator and both model
-services, 10 ms of RTT added on both links (netem or specdec.delay_proxy). Greedy
+(specdec_tools.netns.network), joined by veth links, mTLS between the coordinator and both model
+services, 10 ms of RTT added on both links (netem or specdec_tools.delay_proxy). Greedy
 speculative output equals target-only output and the same request's output on plain
 loopback; a client in another namespace without a client certificate is refused.
 
@@ -27,10 +27,10 @@ import grpc
 import pytest
 
 from specdec import certs, launcher
-from specdec.netns import ROOT, NetnsError, Network, namespaces_permitted
-from specdec.netns_services import start_service
 from specdec.pair import TINY_PAIR
 from specdec.v1 import generate_pb2, generate_pb2_grpc
+from specdec_tools.netns.network import ROOT, NetnsError, Network, namespaces_permitted
+from specdec_tools.netns.services import start_service
 
 PERMITTED, WHY = namespaces_permitted()
 pytestmark = [pytest.mark.slow,
@@ -117,10 +117,10 @@ def test_a_plain_link_between_namespaces_adds_no_delay_of_its_own():
 
 
 def test_the_rtt_sweep_adds_its_rtt_between_namespaces():
-    """specdec.bench.rtt with a pair: its own target and draft in namespaces, the RTT on
+    """specdec_tools.bench.rtt with a pair: its own target and draft in namespaces, the RTT on
     the links (not the coordinator's sleeps), and every token of target-only decoding
     pays it."""
-    from specdec.bench import rtt
+    from specdec_tools.bench import rtt
 
     rows = rtt.sweep("unused:1", "unused:2", [0, 20], ["Hello there"], 4, 8, pair=TINY_PAIR,
                      pin=False, say=print)

@@ -1,4 +1,4 @@
-"""specdec.netns_lan: hosts on one bridged LAN, reachable from each other and from the
+"""specdec_tools.netns.lan: hosts on one bridged LAN, reachable from each other and from the
 caller, with per-host /etc/hosts records that change while processes run; nothing left
 behind. Skipped, with the reason, where network namespaces cannot be made."""
 
@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from specdec.netns import namespaces_permitted
-from specdec.netns_lan import ETC_NETNS, Lan
+from specdec_tools.netns.lan import ETC_NETNS, Lan
+from specdec_tools.netns.network import namespaces_permitted
 
 PERMITTED, WHY = namespaces_permitted()
 pytestmark = pytest.mark.skipif(not PERMITTED, reason=f"no network namespaces: {WHY}")

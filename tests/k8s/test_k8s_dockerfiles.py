@@ -296,3 +296,13 @@ def test_parser_sees_continuations_and_comments():
     assert stages[0].all("RUN") == ["a    && b"]
     assert pip_installs("python -m pip install -c c.txt x && /v/bin/pip wheel y") == [
         ["install", "-c", "c.txt", "x"], ["wheel", "y"]]
+
+
+def test_images_install_no_tooling(dockerfile):
+    """The tooling (specdec_tools: benchmarks, the soak, scale-out, tuning) is neither
+    copied into an image nor sent in its build context."""
+    _, path, _, stages = dockerfile
+    copied = " ".join(c for s in stages for c in s.all("COPY")).split()
+    assert not [w for w in copied if w.rstrip("/").endswith("specdec_tools")], path
+    ignored = (REPO / ".dockerignore").read_text().split()
+    assert "specdec_tools" in ignored

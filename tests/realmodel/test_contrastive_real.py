@@ -12,11 +12,11 @@ import pytest
 from coordinator.deploy.config import CoordinatorConfig
 from coordinator.deploy.setup import build_service
 from draft_service.config import from_args as draft_config
-from specdec import contrastive_reference
 from specdec import pair as pairs
 from specdec.contrastive import LI, OBRIEN
 from specdec.service_cli import load_backend
 from specdec.v1 import common_pb2, generate_pb2
+from specdec_tools import contrastive_reference
 from target_service.config import from_args as target_config
 from tests.service._contrastive_helpers import params
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from specdec.bench.prompts import PROMPTS
-from specdec.bench.scenarios import build
 from specdec.sampling import SamplingParams
+from specdec_tools.bench.prompts import PROMPTS
+from specdec_tools.bench.scenarios import build
 
 pytestmark = [pytest.mark.slow, pytest.mark.realmodel]
 

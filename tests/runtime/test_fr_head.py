@@ -1,7 +1,7 @@
 """FR-Spec draft heads on the tiny models: the frequency ranking (specdec.runtime.fr_vocab),
 the sliced IR (specdec.runtime.fr_head) through both OpenVINO backends, a draft that
 never proposes outside its head, sampling over -inf rows, the flags' errors, and the
-bench's acceptance arithmetic (specdec.bench.draft_head)."""
+bench's acceptance arithmetic (specdec_tools.bench.draft_head)."""
 
 from __future__ import annotations
 
@@ -203,7 +203,7 @@ def test_bench_acceptance_of_a_sliced_copy_is_its_coverage_and_head_mass(irs, he
     """Drafting for itself, a model's sliced copy accepts greedily exactly where the
     target's token is in the head, and at temperature 1 exactly the target's mass on the
     head (min(p, q) = p on the head, where q = p / p(head) >= p)."""
-    from specdec.bench.draft_head import acceptance, target_rows, time_passes
+    from specdec_tools.bench.draft_head import acceptance, target_rows, time_passes
 
     full, sliced = (_target(ir) for ir in irs[:2])
     prompts = [PROMPT, [700, 12, 99], [42]]

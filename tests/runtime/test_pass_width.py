@@ -8,11 +8,11 @@ import json
 
 import pytest
 
-from specdec.bench.pass_width import WARM, markdown, measure
 from specdec.cli import main
 from specdec.runtime.models import TINY_TARGET
 from specdec.runtime.openvino_export import export_tiny
 from specdec.runtime.openvino_paged import PagedOpenVINOBackend
+from specdec_tools.bench.pass_width import WARM, markdown, measure
 
 
 @pytest.fixture(scope="module")

@@ -84,7 +84,7 @@ def test_a_study_writes_a_set_the_draft_can_load_and_resumes(folder, home, tmp_p
     assert json.loads(js.read_text())["finished"] == 9
 
     # bench-skip's predictions come from the same study and cost model.
-    from specdec.skip_tune.predict import predictor
+    from specdec_tools.skip_tune.predict import predictor
 
     b = json.loads(js.read_text())["best"]
     kind, predict = predictor(str(js), b["prediction"]["k"])
@@ -99,7 +99,7 @@ def _finished(home, name_prefix) -> int:
     UNIQUE constraint failed: alembic_version)."""
     import sqlite3
 
-    from specdec.skip_tune.study import DONE_STATES
+    from specdec_tools.skip_tune.study import DONE_STATES
 
     path = home / "tune" / "studies.db"
     if not path.exists():
@@ -139,7 +139,7 @@ def test_teacher_forced_agreement_of_the_full_model_with_its_own_text_is_total(f
     missing layers does not."""
     from specdec.runtime.models import load
     from specdec.runtime.torch_backend import TorchBackend
-    from specdec.skip_tune import agreement, calibration
+    from specdec_tools.skip_tune import agreement, calibration
 
     loaded = load(str(folder))
     calib = calibration.build(TorchBackend(loaded), loaded.tokenizer, ["hello there"], 20)

@@ -1,4 +1,4 @@
-"""Scale-out runs (specdec.scale): real hosts as network namespaces on one LAN, a real
+"""Scale-out runs (specdec_tools.scale): real hosts as network namespaces on one LAN, a real
 multi-node Ray cluster, real services and clients. Skipped, with the reason, where
 namespaces cannot be made. SPECDEC_SCALE=full (`make test-scale`) runs the full form;
 the default is CI's short form. Each test prints its figures (pytest -s shows them)."""
@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from specdec.netns import namespaces_permitted
+from specdec_tools.netns.network import namespaces_permitted
 
 PERMITTED, WHY = namespaces_permitted()
 FULL = os.environ.get("SPECDEC_SCALE", "short") == "full"
@@ -24,7 +24,7 @@ def size(module):
 
 
 def show(name: str, report: dict) -> None:
-    from specdec.scale.report import SECTIONS
+    from specdec_tools.scale.report import SECTIONS
 
     title, render = SECTIONS[name]
     print(f"\n### {title} ({'full' if FULL else 'short'} form)\n")

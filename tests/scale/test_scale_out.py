@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from specdec.scale import pool_scenarios, ray_scenarios
+from specdec_tools.scale import pool_scenarios, ray_scenarios
 from tests.scale.conftest import FULL, MARKS, show, size
 
 pytestmark = MARKS

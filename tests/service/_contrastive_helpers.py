@@ -7,9 +7,9 @@ import functools
 
 import numpy as np
 
-from specdec import contrastive_reference
 from specdec.contrastive import OBRIEN, ContrastiveParams
 from specdec.runtime.models import TINY_DRAFT, TINY_TARGET, build_tiny
+from specdec_tools import contrastive_reference
 
 
 def f32(x: float) -> float:

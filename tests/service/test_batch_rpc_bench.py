@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from specdec.bench import batch_rpc
+from specdec_tools.bench import batch_rpc
 
 
 def test_both_modes_run_and_report_sessions_per_pass(target_server, draft_server, tmp_path):

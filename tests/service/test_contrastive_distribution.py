@@ -12,9 +12,9 @@ import pytest
 from coordinator.loop import SpeculativeLoop
 from coordinator.loop.policy import LoopPolicy
 from specdec.contrastive import LI, OBRIEN, contrastive_distribution
-from specdec.contrastive_reference import last_logits
 from specdec.runtime.models import TINY_DRAFT, TINY_TARGET, build_tiny
 from specdec.sampling import SamplingParams
+from specdec_tools.contrastive_reference import last_logits
 from tests.service._contrastive_helpers import params
 from tests.service.test_sampled_distribution import chi_square_p_value
 

@@ -1,6 +1,6 @@
 """Greedy contrastive decoding over the real services equals, token for token, the
 reference computed in this process from the two models' logits with the formula
-(specdec.contrastive_reference: Hugging Face models, no cache, nothing shared with the
+(specdec_tools.contrastive_reference: Hugging Face models, no cache, nothing shared with the
 services' runtime), for both formulations, the plain form (K = 0) and the speculative
 form (K > 0), sequential and pipelined, alone, concurrently and after lost sessions."""
 

@@ -8,8 +8,8 @@ import pytest
 
 from coordinator.deploy.config import CoordinatorConfig
 from coordinator.deploy.setup import build_service
-from specdec.bench import quality_eval, quality_report, quality_score
 from specdec.runtime.models import build_tiny
+from specdec_tools.bench import quality_eval, quality_report, quality_score
 
 KEYS = quality_eval.MODE_KEYS
 PROMPTS = ["Large language models are", "When I opened the door, I saw"]

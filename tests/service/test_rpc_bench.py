@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from specdec import rpcbench
+from specdec_tools import rpcbench
 from tests.procs import ROOT
 
 

@@ -1,4 +1,5 @@
-"""The soak with faults (specdec.soak), as `make test` runs it: the short form (tiny models,
+"""The soak with faults (specdec_tools.soak.cli), as `make test` runs it: the short form
+(tiny models,
 12 streams, 40 s, ~90 s in all) with the same three faults as the full form. `make
 test-soak` runs the full form (SPECDEC_SOAK=full: the default pair, 32 streams, 120 s).
 
@@ -14,8 +15,8 @@ import os
 
 import pytest
 
-from specdec.soak import SHORT, SoakConfig, soak
-from specdec.soak_report import render
+from specdec_tools.soak.cli import SHORT, SoakConfig, soak
+from specdec_tools.soak.report import render
 
 pytestmark = [pytest.mark.soak, pytest.mark.slow]
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from specdec.bench import docs, harness, report
-from specdec.bench.harness import Sample
+from specdec_tools.bench import docs, harness, report
+from specdec_tools.bench.harness import Sample
 
 LATEST = docs.ROOT / "docs" / "bench-latest.json"
 

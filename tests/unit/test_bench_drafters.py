@@ -6,9 +6,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from specdec.bench.drafters import against_peers, greedy_mismatches, markdown, summarise
-from specdec.bench.harness import Sample
-from specdec.bench.system import BASELINE
+from specdec_tools.bench.drafters import against_peers, greedy_mismatches, markdown, summarise
+from specdec_tools.bench.harness import Sample
+from specdec_tools.bench.system import BASELINE
 
 STATS = dict(rounds=10, drafted_tokens=20, accepted_tokens=15, lookup_rounds=4,
              lookup_drafted_tokens=8, lookup_accepted_tokens=6, pipelined_rounds=5,

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from specdec.bench import harness, report
-from specdec.bench.harness import Sample
 from specdec.verify import TokenKind
+from specdec_tools.bench import harness, report
+from specdec_tools.bench.harness import Sample
 
 A, R, B, T = TokenKind.ACCEPTED, TokenKind.RECOVERED, TokenKind.BONUS, TokenKind.TARGET
 

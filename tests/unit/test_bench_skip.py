@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from specdec.bench.skip import drafts, pair_for
+from specdec_tools.skip_tune.bench import drafts, pair_for
 
 
 def test_rows_are_the_whole_draft_the_tuned_set_and_random_sets_of_its_size():

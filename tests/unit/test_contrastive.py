@@ -104,8 +104,8 @@ def test_reference_decoder_on_the_tiny_models():
     """The in-process reference on tiny-random (expert) and tiny-random-draft (amateur):
     every step is the formula's argmax over the two models' logits, and it differs from
     the expert's own greedy output (the contrast does something)."""
-    from specdec.contrastive_reference import decode, last_logits
     from specdec.runtime.models import build_tiny
+    from specdec_tools.contrastive_reference import decode, last_logits
 
     expert, amateur = build_tiny("tiny-random").model, build_tiny("tiny-random-draft").model
     prompt = [5, 17, 42, 99]
@@ -123,7 +123,7 @@ def test_reference_decoder_on_the_tiny_models():
 
 
 def _expert_greedy(model, prompt, n):
-    from specdec.contrastive_reference import last_logits
+    from specdec_tools.contrastive_reference import last_logits
 
     ids = list(prompt)
     for _ in range(n):

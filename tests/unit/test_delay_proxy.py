@@ -1,6 +1,7 @@
-"""specdec.delay_proxy over real loopback sockets: an echo round trip through it pays the
+"""specdec_tools.delay_proxy over real loopback sockets: an echo round trip through it pays the
 RTT asked for, bytes keep their order under jitter, EOF travels through, and the
-`python -m specdec.delay_proxy` process announces itself the way specdec.launcher waits for."""
+`python -m specdec_tools.delay_proxy` process announces itself the way specdec.launcher
+waits for."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import time
 import pytest
 
 from specdec import launcher
-from specdec.delay_proxy import ProxyThread, split_address
+from specdec_tools.delay_proxy import ProxyThread, split_address
 
 
 @pytest.fixture()
@@ -120,7 +121,7 @@ def test_an_unreachable_backend_closes_the_client_connection():
 
 
 def test_the_proxy_process_announces_its_address_and_forwards(echo):
-    proc = launcher.start("specdec.delay_proxy",
+    proc = launcher.start("specdec_tools.delay_proxy",
                           ["--listen", "127.0.0.1:0", "--backend", echo, "--rtt-ms", "30"],
                           timeout=20, name="delay proxy")
     try:
@@ -135,7 +136,7 @@ def test_bad_arguments_are_refused_with_a_reason():
     import subprocess
     import sys
 
-    run = subprocess.run([sys.executable, "-m", "specdec.delay_proxy", "--listen", "nowhere",
+    run = subprocess.run([sys.executable, "-m", "specdec_tools.delay_proxy", "--listen", "nowhere",
                           "--backend", "127.0.0.1:1"], capture_output=True, text=True,
                          cwd=launcher.ROOT, timeout=20)
     assert run.returncode == 2

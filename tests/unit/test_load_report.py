@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from specdec.bench import load_report as lr
-from specdec.bench.load_report import Load, LoadSample, Window
+from specdec_tools.bench import load_report as lr
+from specdec_tools.bench.load_report import Load, LoadSample, Window
 
 BASELINE, SPECULATIVE = "target-only", "speculative"
 
@@ -219,12 +219,12 @@ def test_a_peers_mismatches_are_findings_and_ours_are_failures():
 
 
 def test_http_driver_reads_sse_events_into_a_sample():
-    """specdec.bench.load_http: tokens and their count per chunk from specdec.token_ids
+    """specdec_tools.bench.load_http: tokens and their count per chunk from specdec.token_ids
     (not the text), stats from the usage chunk, an error event's code, a stream cut
     before [DONE]."""
     import time
 
-    from specdec.bench.load_http import HttpVariant
+    from specdec_tools.bench.load_http import HttpVariant
 
     def event(obj):
         return "data: " + json.dumps(obj)
@@ -254,7 +254,7 @@ def test_http_driver_reads_sse_events_into_a_sample():
 
 
 def test_http_request_matches_the_grpc_scenarios():
-    from specdec.bench.load_http import HttpVariant
+    from specdec_tools.bench.load_http import HttpVariant
 
     load = Load(2, 16, ("a", "b"), temperature=0.0, timeout=30.0)
     spec = HttpVariant("127.0.0.1:1", None, "s").body("m", load, 1, 0)

@@ -1,11 +1,11 @@
-"""The offline replay of the look-up alone (specdec.bench.lookup_replay): pure, on
+"""The offline replay of the look-up alone (specdec_tools.bench.lookup_replay): pure, on
 synthetic token ids and a synthetic cost table."""
 
 from __future__ import annotations
 
 import pytest
 
-from specdec.bench.lookup_replay import replay
+from specdec_tools.bench.lookup_replay import replay
 
 
 def flat(width: int) -> float:

@@ -1,4 +1,4 @@
-"""specdec.quality on texts whose figures can be counted by hand."""
+"""specdec_tools.quality on texts whose figures can be counted by hand."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from specdec.quality import (
+from specdec_tools.quality import (
     corpus_distinct_n,
     corpus_ngram_entropy,
     distinct_n,

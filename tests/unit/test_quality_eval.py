@@ -9,8 +9,10 @@ import math
 import pytest
 import torch
 
-from specdec.bench import harness, quality_report, quality_score
-from specdec.bench.quality_eval import (
+from specdec.sampling import SamplingParams
+from specdec.v1 import common_pb2, generate_pb2
+from specdec_tools.bench import harness, quality_report, quality_score
+from specdec_tools.bench.quality_eval import (
     COMPARISONS,
     MODE_KEYS,
     ContrastiveSettings,
@@ -19,8 +21,6 @@ from specdec.bench.quality_eval import (
     modes,
     request,
 )
-from specdec.sampling import SamplingParams
-from specdec.v1 import common_pb2, generate_pb2
 
 
 def by_key(k=4, temperature=1.0):
@@ -210,8 +210,8 @@ def test_verdict_below_the_target_and_without_the_pair():
 
 
 def test_the_auto_modes_leave_k_to_the_server():
-    from specdec.bench.quality_eval import modes, request
     from specdec.v1 import generate_pb2
+    from specdec_tools.bench.quality_eval import modes, request
 
     m = {x.key: x for x in modes()}
     auto = request("Once", 16, SamplingParams(), m["cd-greedy-auto"])
@@ -221,8 +221,8 @@ def test_the_auto_modes_leave_k_to_the_server():
 
 
 def test_rows_report_wire_bytes_per_generated_token():
-    from specdec.bench.quality_eval import EvalSample, modes
-    from specdec.bench.quality_score import mode_row
+    from specdec_tools.bench.quality_eval import EvalSample, modes
+    from specdec_tools.bench.quality_score import mode_row
 
     mode = {m.key: m for m in modes()}["cd-greedy"]
     group = [EvalSample(mode.name, "p", 10, 1.0, wire_bytes=3000, mode=mode.key, text="a b"),

@@ -1,8 +1,8 @@
-"""specdec.scale.report on synthetic reports (pure)."""
+"""specdec_tools.scale.report on synthetic reports (pure)."""
 
 from __future__ import annotations
 
-from specdec.scale.report import markdown
+from specdec_tools.scale.report import markdown
 
 CHECKED = dict(generations=10, errors=[], mismatches=[], exact=True, seconds=5.0)
 REPORTS = {

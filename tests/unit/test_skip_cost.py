@@ -1,4 +1,4 @@
-"""specdec.skip_tune.cost: greedy rounds replayed from agreement flags, the predicted
+"""specdec_tools.skip_tune.cost: greedy rounds replayed from agreement flags, the predicted
 speedup from step costs, and the break-even acceptance; the int8 weight rounding that
 stands for the OpenVINO draft's."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specdec.skip_tune.cost import StepCosts, break_even_acceptance, predict, simulate
+from specdec_tools.skip_tune.cost import StepCosts, break_even_acceptance, predict, simulate
 
 
 def test_rounds_accept_the_run_of_agreements_capped_at_k():
@@ -47,7 +47,7 @@ def test_break_even_acceptance():
 
 
 def test_int8_rounding_keeps_at_most_256_levels_per_row_and_stays_close():
-    from specdec.skip_tune.drafts import round_weights_int8
+    from specdec_tools.skip_tune.drafts import round_weights_int8
 
     torch.manual_seed(0)
     lin = torch.nn.Linear(64, 8)

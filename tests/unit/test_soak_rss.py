@@ -1,10 +1,10 @@
-"""specdec.soak_report's RSS check: growth from the baseline, less the KV pool's growth."""
+"""specdec_tools.soak.report's RSS check: growth from the baseline, less the KV pool's growth."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 
-from specdec.soak_report import _rss
+from specdec_tools.soak.report import _rss
 
 
 def test_kv_pool_growth_is_not_counted_but_other_growth_is():
