@@ -34,7 +34,7 @@ class LookupSettings:
     rounds (a target-only round = 1), fixed, so that the choice depends on tokens only."""
 
     max_tokens: int = 8  # drafts per look-up round at most
-    min_match: int = 3  # hybrid: a match this long uses the look-up outright
+    min_match: int = 2  # hybrid: a match this long uses the look-up outright
     verify_cost: float = 0.12  # a verified draft's cost
     # A model round whose drafts a pre-draft already holds: the draft's K+1 steps of the
     # next pre-draft bound it.

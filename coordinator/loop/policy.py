@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from coordinator.drafters.costs import LookupSettings
+
 
 @dataclass(frozen=True)
 class LoopPolicy:
@@ -27,8 +29,8 @@ class LoopPolicy:
     # Who drafts (coordinator.drafters.costs): "model", "lookup" (model-free, needs no draft
     # service) or "hybrid" (per round, whichever is expected to give more tokens/s).
     drafter: str = "hybrid"
-    lookup_k: int = 8  # drafts per look-up round at most
-    lookup_min_match: int = 2  # hybrid: a context match this long uses the look-up
+    lookup_k: int = LookupSettings.max_tokens  # drafts per look-up round at most
+    lookup_min_match: int = LookupSettings.min_match  # hybrid: this long a match looks up
     lookup_cache: int = 0  # recent outputs kept per tenant for the look-up; 0 = off
     # Sampled pipelined rounds: the target draws the bonus and the draft its guess at it
     # with the same Gumbel noise (specdec.coupling), so pre-drafts hold more often.
