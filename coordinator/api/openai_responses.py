@@ -12,14 +12,26 @@ import secrets
 import time
 
 from coordinator.api.openai_api import FINISH_REASONS, KIND_NAMES
+from specdec.client.convert import message_fields
 from specdec.v1 import generate_pb2
 
 CHAT, COMPLETION = "chat", "completion"
 DONE = "data: [DONE]\n\n"
 
 
+# GenerationStats' fields that usage.specdec does not repeat: OpenAI's own counts, and who
+# served it (served_by, only from a coordinator run with --expose-replicas).
+NOT_IN_SPECDEC_USAGE = ("prompt_tokens", "generated_tokens", "coordinator_replica",
+                        "coordinator_node", "draft_replicas", "target_replicas")
+
+
 def usage(stats: generate_pb2.GenerationStats) -> dict:
+    """OpenAI's usage, and specdec's own counts (every other field of the wire's
+    GenerationStats, by name) with three rates derived from them."""
     drafted, accepted = stats.drafted_tokens, stats.accepted_tokens
+    counts = {k: list(v) if isinstance(v, tuple) else v
+              for k, v in message_fields(stats).items() if k not in NOT_IN_SPECDEC_USAGE}
+    counts["mean_head_size"] = stats.mean_head_size or None  # contrastive decoding only
     return {
         "prompt_tokens": stats.prompt_tokens,
         "completion_tokens": stats.generated_tokens,
@@ -27,22 +39,11 @@ def usage(stats: generate_pb2.GenerationStats) -> dict:
         "completion_tokens_details": {"accepted_prediction_tokens": accepted,
                                       "rejected_prediction_tokens": drafted - accepted},
         "specdec": {
-            "rounds": stats.rounds,
-            "drafted_tokens": drafted,
-            "accepted_tokens": accepted,
+            **counts,
             "acceptance_rate": accepted / drafted if drafted else None,
             "tokens_per_round": stats.generated_tokens / stats.rounds if stats.rounds else None,
-            "seconds": stats.seconds,
             "tokens_per_second": stats.generated_tokens / stats.seconds
             if stats.seconds > 0 else None,
-            "pipelined_rounds": stats.pipelined_rounds,
-            "predrafts_wasted": stats.predrafts_wasted,
-            "confidence_exits": stats.confidence_exits,
-            "k_per_round": list(stats.k_per_round),
-            "mean_head_size": stats.mean_head_size or None,  # contrastive decoding only
-            "lookup_rounds": stats.lookup_rounds,  # drafted by the model-free look-up
-            "lookup_drafted_tokens": stats.lookup_drafted_tokens,
-            "lookup_accepted_tokens": stats.lookup_accepted_tokens,
             **served_by(stats),
         },
     }

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from coordinator.api.text import IncrementalDetokenizer, TextStream
 from coordinator.loop import LoopStats, SpeculativeLoop
 from specdec import wire
+from specdec.client.convert import stats_message
 from specdec.contrastive import ContrastiveParams
 from specdec.errors import (
     DeadlineExceeded,
@@ -244,27 +245,15 @@ class GenerationService:
         return resp
 
     def _stats(self, plan: Plan, generated: int, s: LoopStats) -> generate_pb2.GenerationStats:
-        stats = self._counts(plan, generated, s)
+        """The wire's stats, field by field from the loop's (specdec.client.convert); who
+        served it only with --expose-replicas."""
+        hidden = {} if self.expose_replicas else {"draft_replicas": (), "target_replicas": ()}
+        stats = stats_message(s, prompt_tokens=len(plan.prompt_ids), generated_tokens=generated,
+                              seconds=s.seconds if math.isfinite(s.seconds) else 0.0,
+                              **hidden)
         if self.expose_replicas:
             stats.coordinator_replica, stats.coordinator_node = self.served_by
-            stats.draft_replicas.extend(s.draft_replicas)
-            stats.target_replicas.extend(s.target_replicas)
         return stats
-
-    @staticmethod
-    def _counts(plan: Plan, generated: int, s: LoopStats) -> generate_pb2.GenerationStats:
-        return generate_pb2.GenerationStats(
-            prompt_tokens=len(plan.prompt_ids), generated_tokens=generated, rounds=s.rounds,
-            drafted_tokens=s.drafted_tokens, accepted_tokens=s.accepted_tokens,
-            seconds=s.seconds if math.isfinite(s.seconds) else 0.0,
-            pipelined_rounds=s.pipelined_rounds, predrafts_wasted=s.predrafts_wasted,
-            k_per_round=s.k_per_round, confidence_exits=s.confidence_exits,
-            mean_head_size=s.mean_head_size, lookup_rounds=s.lookup_rounds,
-            lookup_drafted_tokens=s.lookup_drafted_tokens,
-            lookup_accepted_tokens=s.lookup_accepted_tokens,
-            guess_rounds=s.guess_rounds, guess_rejections=s.guess_rejections,
-            guess_bonus_misses=s.guess_bonus_misses,
-        )
 
 
 def add_chunk(resp: generate_pb2.GenerateResponse, chunk: generate_pb2.GenerateChunk) -> None:

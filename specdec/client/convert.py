@@ -7,6 +7,8 @@ result back into its message, unchanged, for callers that print the wire form (t
 
 from __future__ import annotations
 
+from dataclasses import fields
+
 from specdec.client.types import Chunk, Completion, Stats, TokenKind
 from specdec.v1 import generate_pb2
 
@@ -21,22 +23,29 @@ def kind_from_proto(value: int) -> TokenKind:
         raise ValueError(f"unknown token kind {value} from the server") from None
 
 
+def message_fields(msg) -> dict:
+    """Every field of a wire message by name, repeated ones as tuples: the message type is
+    the schema, and conversions to and from it are derived from its fields."""
+    out = {}
+    for f in msg.DESCRIPTOR.fields:
+        value = getattr(msg, f.name)
+        out[f.name] = tuple(value) if hasattr(value, "extend") else value
+    return out
+
+
+def stats_message(source, **given) -> generate_pb2.GenerationStats:
+    """GenerationStats from `source`'s attributes named like its fields (the coordinator's
+    LoopStats, the client's Stats); `given` values win, and a field `source` lacks stays
+    unset. One schema, the wire's: a field added there reaches every side by name."""
+    schema = generate_pb2.GenerationStats.DESCRIPTOR.fields
+    values = {f.name: getattr(source, f.name) for f in schema if hasattr(source, f.name)}
+    return generate_pb2.GenerationStats(**{**values, **given})
+
+
 def stats_from_proto(msg: generate_pb2.GenerationStats) -> Stats:
-    return Stats(prompt_tokens=msg.prompt_tokens, generated_tokens=msg.generated_tokens,
-                 rounds=msg.rounds, drafted_tokens=msg.drafted_tokens,
-                 accepted_tokens=msg.accepted_tokens, seconds=msg.seconds,
-                 pipelined_rounds=msg.pipelined_rounds, predrafts_wasted=msg.predrafts_wasted,
-                 k_per_round=tuple(msg.k_per_round), confidence_exits=msg.confidence_exits,
-                 mean_head_size=msg.mean_head_size, lookup_rounds=msg.lookup_rounds,
-                 lookup_drafted_tokens=msg.lookup_drafted_tokens,
-                 lookup_accepted_tokens=msg.lookup_accepted_tokens,
-                 guess_rounds=msg.guess_rounds,
-                 guess_rejections=msg.guess_rejections,
-                 guess_bonus_misses=msg.guess_bonus_misses,
-                 coordinator_replica=msg.coordinator_replica,
-                 coordinator_node=msg.coordinator_node,
-                 draft_replicas=tuple(msg.draft_replicas),
-                 target_replicas=tuple(msg.target_replicas))
+    """The typed Stats; fields this client does not know (a newer server's) are left out."""
+    known = {f.name for f in fields(Stats)}
+    return Stats(**{k: v for k, v in message_fields(msg).items() if k in known})
 
 
 def chunk_from_proto(msg: generate_pb2.GenerateChunk) -> Chunk:
@@ -55,19 +64,7 @@ def completion_from_proto(msg: generate_pb2.GenerateResponse) -> Completion:
 
 
 def stats_to_proto(stats: Stats) -> generate_pb2.GenerationStats:
-    return generate_pb2.GenerationStats(
-        prompt_tokens=stats.prompt_tokens, generated_tokens=stats.generated_tokens,
-        rounds=stats.rounds, drafted_tokens=stats.drafted_tokens,
-        accepted_tokens=stats.accepted_tokens, seconds=stats.seconds,
-        pipelined_rounds=stats.pipelined_rounds, predrafts_wasted=stats.predrafts_wasted,
-        k_per_round=stats.k_per_round, confidence_exits=stats.confidence_exits,
-        mean_head_size=stats.mean_head_size, lookup_rounds=stats.lookup_rounds,
-        lookup_drafted_tokens=stats.lookup_drafted_tokens,
-        lookup_accepted_tokens=stats.lookup_accepted_tokens,
-        guess_rounds=stats.guess_rounds,
-        guess_rejections=stats.guess_rejections, guess_bonus_misses=stats.guess_bonus_misses,
-        coordinator_replica=stats.coordinator_replica, coordinator_node=stats.coordinator_node,
-        draft_replicas=stats.draft_replicas, target_replicas=stats.target_replicas)
+    return stats_message(stats)
 
 
 def chunk_to_proto(chunk: Chunk) -> generate_pb2.GenerateChunk:

@@ -199,3 +199,32 @@ def test_request_cancelled_is_not_asyncio_cancelled():
 
     assert not issubclass(client.RequestCancelledError, asyncio.CancelledError)
     assert issubclass(client.RequestCancelledError, Exception)
+
+
+def test_one_stats_schema_the_wire_s():
+    """GenerationStats is the schema: the client's Stats has every field of it, the loop's
+    LoopStats every one the service does not fill itself, and the conversions derived
+    from it carry every field both ways."""
+    from dataclasses import fields
+
+    from coordinator.record import LoopStats
+    from specdec.client.convert import stats_from_proto, stats_message, stats_to_proto
+    from specdec.client.types import Stats
+    from specdec.v1 import generate_pb2
+
+    wire = [f.name for f in generate_pb2.GenerationStats.DESCRIPTOR.fields]
+    assert sorted(f.name for f in fields(Stats)) == sorted(wire)
+    by_service = {"prompt_tokens", "generated_tokens", "coordinator_replica",
+                  "coordinator_node"}
+    assert [n for n in wire if n not in by_service and not hasattr(LoopStats(), n)] == []
+    msg = generate_pb2.GenerationStats()
+    for i, f in enumerate(msg.DESCRIPTOR.fields, start=1):  # a distinct value in each
+        value = getattr(msg, f.name)
+        if hasattr(value, "extend"):
+            value.extend([str(i)] if f.type == f.TYPE_STRING else [i])
+        else:
+            setattr(msg, f.name, str(i) if f.type == f.TYPE_STRING else i)
+    assert stats_to_proto(stats_from_proto(msg)) == msg
+    loop = LoopStats(pipelined_rounds=3, k_per_round=[2, 0])
+    made = stats_message(loop, prompt_tokens=5)
+    assert (made.pipelined_rounds, list(made.k_per_round), made.prompt_tokens) == (3, [2, 0], 5)
