@@ -264,7 +264,7 @@ def start_metrics(kind: str, cfg: ModelServiceConfig, model: CachedModel) -> Non
     from specdec.metrics import PrometheusModelMetrics
 
     metrics = PrometheusModelMetrics(kind, model.store)
-    metrics.track_kv_pool(lambda: getattr(model.backend, "kv_pool_bytes", 0))
+    metrics.track_kv_pool(lambda: model.backend.kv_pool_bytes)
     metrics.serve(cfg.metrics_port, cfg.host)
     model.metrics = metrics
 
@@ -273,8 +273,8 @@ def log_start(kind: str, cfg: ModelServiceConfig, port: int, model: CachedModel)
     extra = "" if cfg.quantize == "none" else f" quantize={cfg.quantize}"
     if cfg.backend == "openvino":
         extra += (f" weights={cfg.weights} kv={cfg.kv_cache_precision} layout={cfg.kv_layout}"
-                  f" precision={getattr(model.backend, 'inference_precision', '?')}")
-    skip = getattr(model.backend, "skip_layers", ())
+                  f" precision={model.backend.inference_precision}")
+    skip = model.backend.skip_layers
     if skip:
         from specdec.runtime.layer_skip import format_set
 
@@ -282,7 +282,7 @@ def log_start(kind: str, cfg: ModelServiceConfig, port: int, model: CachedModel)
     order = getattr(cfg, "skip_on_the_fly", ())
     if order:
         extra += f" skip-on-the-fly={','.join(map(str, order))}"
-    head = getattr(model.backend, "head_vocab", 0)
+    head = model.backend.head_vocab
     if head:
         extra += f" head-vocab={head}"
     if cfg.cpus:

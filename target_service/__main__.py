@@ -20,7 +20,7 @@ def create(cfg: TargetConfig) -> tuple[SpecdecServer, int, TargetEngine]:
     started) server, serve metrics if asked."""
     tls = server_tls(cfg.tls_cert, cfg.tls_key, cfg.tls_client_ca)
     engine = TargetEngine(load_cached_model(cfg), cfg.max_draft_tokens)
-    precision = getattr(engine.model.backend, "inference_precision", "f32")
+    precision = engine.model.backend.inference_precision
     if precision != "f32":
         log.warning("the target computes in %s: verifying several tokens at once rounds "
                     "differently from one-token steps, so greedy speculative output can "

@@ -17,6 +17,7 @@ import torch
 from specdec import digest as digests
 from specdec.errors import InvalidArgument, require
 from specdec.metrics import ModelMetrics
+from specdec.runtime.backend import Backend
 from specdec.runtime.batching import DEFAULT_MAX_BATCH_TOKENS, Pass, Scheduler
 from specdec.runtime.session import Session, SessionStore
 from specdec.sync import SyncRequest
@@ -38,7 +39,7 @@ class ServiceInfo:
 
 
 class CachedModel:
-    def __init__(self, backend, max_sessions: int = 64, session_ttl_s: float = 600.0,
+    def __init__(self, backend: Backend, max_sessions: int = 64, session_ttl_s: float = 600.0,
                  max_cached_tokens: int = 0,
                  max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS, linger_s: float = 0.0):
         self.backend = backend
@@ -52,15 +53,14 @@ class CachedModel:
         # One thread runs every forward pass, batching the steps of concurrent requests.
         self.scheduler = Scheduler(backend.forward_batch, max_batch_tokens, linger_s,
                                    on_pass=self._on_pass,
-                                   name=f"{getattr(backend, 'name', 'model')}-scheduler")
+                                   name=f"{backend.name}-scheduler")
 
     def info(self, max_draft_tokens: int, default_top_n: int = 0) -> ServiceInfo:
         b = self.backend
         return ServiceInfo(b.loaded.model_id, b.vocab_size, b.loaded.tokenizer_digest,
                            b.max_context, b.name, str(b.device), max_draft_tokens,
                            self.store.max_sessions, default_top_n,
-                           getattr(b, "batch_dependent_logits", False),
-                           tuple(getattr(b, "skip_layers", ())))
+                           b.batch_dependent_logits, tuple(b.skip_layers))
 
     def release(self, session_id: str) -> bool:
         require(bool(session_id), "session_id must not be empty")

@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from specdec.runtime.backend import BackendDefaults
 from specdec.runtime.fr_head import HeadMap
 from specdec.runtime.models import LoadedModel, tokenizer_digest
 
@@ -77,7 +78,7 @@ def cap_cpu_isa_below_amx(cpuinfo: str = "/proc/cpuinfo") -> bool:
     return has_amx
 
 
-class OpenVINOBackend:
+class OpenVINOBackend(BackendDefaults):
     name = "openvino"
 
     def __init__(self, ir_dir: str | Path, device: str = "CPU", threads: int = 0,

@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import torch
 
+from specdec.runtime.backend import BackendDefaults
 from specdec.runtime.batching import Item
 from specdec.runtime.models import LoadedModel
 
 
-class TorchBackend:
+class TorchBackend(BackendDefaults):
     name = "torch"
 
     def __init__(self, loaded: LoadedModel, device: str = "cpu"):

@@ -156,3 +156,22 @@ def test_warm_up_runs_every_pass_size_and_leaves_nothing_behind(ir_dir, kind):
             assert backend.pool.free == backend.pool.capacity  # its blocks went back
     finally:
         model.close()
+
+
+@pytest.mark.parametrize("kind", ["torch", "openvino", "openvino-paged"])
+def test_every_backend_meets_the_backend_protocol(ir_dir, kind):
+    """specdec.runtime.backend.Backend: every member on every backend, optional ones with
+    their defaults, so that nothing probes a backend with getattr."""
+    from specdec.runtime.backend import Backend, BackendDefaults
+    from specdec.runtime.openvino_backend import OpenVINOBackend
+
+    if kind == "torch":
+        backend = TorchBackend(load(TINY_TARGET))
+    elif kind == "openvino":
+        backend = OpenVINOBackend(ir_dir, "CPU", threads=1, model_id=TINY_TARGET)
+    else:
+        backend = _paged(ir_dir)
+    assert isinstance(backend, Backend) and isinstance(backend, BackendDefaults)
+    assert (backend.skip_layers, backend.head_vocab, backend.dynamic_skip) == ((), 0, None)
+    assert (backend.kv_pool_bytes > 0) == (kind == "openvino-paged")
+    assert backend.inference_precision in ("f32", "bf16", "f16")
