@@ -87,16 +87,16 @@ class Amateur:
                 self.model.crop(s, args.keep_len)
             if args.new_tokens:
                 logits = self.model.feed(s, args.new_tokens, len(args.new_tokens), cancelled)
-                s.keep_rows(args.keep_len + 1, logits, self.max_rows)
-            missing = [m + 1 for m in wanted if m + 1 not in s.rows]
+                s.state.keep_rows(args.keep_len + 1, logits, self.max_rows)
+            missing = [m + 1 for m in wanted if m + 1 not in s.state.rows]
             if missing:
                 # Recompute from the first missing row on: feed tokens[first - 1:] again.
                 first = missing[0]
                 tail = s.tokens[first - 1:]
                 self.model.crop(s, first - 1)
                 logits = self.model.feed(s, tail, len(tail), cancelled)
-                s.keep_rows(first, logits, self.max_rows)
-            values = [amateur_values(s.rows[m + 1], torch.tensor(ids), args.params)
+                s.state.keep_rows(first, logits, self.max_rows)
+            values = [amateur_values(s.state.rows[m + 1], torch.tensor(ids), args.params)
                       for m, ids in zip(wanted, args.heads, strict=True)]
             return ScoreResult(values, s.cached_len,
                                _next_token(s, args.keep_len) if args.read_only else None)
@@ -135,7 +135,7 @@ class Amateur:
                 return False
         if not matches():
             return None
-        rows = [s.rows.get(m + 1) for m in wanted]
+        rows = [s.state.rows.get(m + 1) for m in wanted]
         if any(r is None for r in rows) or not matches():
             return None
         return rows
@@ -144,7 +144,7 @@ class Amateur:
 def _next_token(s, keep_len: int) -> int | None:
     """The token after the first keep_len the session holds, or that its request drew
     there and is about to feed; None if neither (read beside that request)."""
-    drawn = s.next_token
+    drawn = s.state.next_token
     try:
         if s.cached_len > keep_len:
             return s.tokens[keep_len]

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from draft_service.amateur import Amateur, ScoreArgs, ScoreResult
+from draft_service.state import DraftState
 from specdec import coupling
 from specdec.errors import Cancelled, require
 from specdec.runtime.cached_model import CachedModel, ServiceInfo
@@ -68,9 +69,10 @@ class DraftEngine:
                  default_top_n: int = DEFAULT_TOP_N, policy: SkipPolicy | None = None,
                  default_top_mass: float = DEFAULT_TOP_MASS):
         self.model = model
+        model.store.new_state = DraftState  # what a draft session keeps beside its cache
         # skipping on the fly: the policy picks the set, the backend's layers apply it
         self.policy = policy
-        self.dynamic = getattr(model.backend, "dynamic_skip", None) if policy else None
+        self.dynamic = model.backend.dynamic_skip if policy else None
         self.max_draft_tokens = max_draft_tokens
         self.default_top_n = default_top_n
         self.default_top_mass = default_top_mass
@@ -209,7 +211,7 @@ class DraftEngine:
         passes = [s.last_pass.seconds]
         for i in range(k):
             if args.keep_logits:
-                s.keep_rows(s.cached_len, [logits], self.amateur.max_rows)
+                s.state.keep_rows(s.cached_len, [logits], self.amateur.max_rows)
             if params.greedy:
                 x = argmax(logits[None])[0]
                 confidence = float(torch.softmax(logits.float(), -1)[x]) \
@@ -227,7 +229,7 @@ class DraftEngine:
                 x, confidence = int(ids[j]), int(counts[j]) / Q_TOTAL
                 dists.append(SparseQ.quantised(ids, counts))
             tokens.append(x)
-            s.next_token = (s.cached_len, x)  # a read-only Score may ask for it
+            s.state.next_token = (s.cached_len, x)  # a read-only Score may ask for it
             if i + 1 == k or confidence < args.exit_below or cancelled():
                 break  # x is returned but not fed: the cache ends before it
             logits = yield [x], i + 2 < k
@@ -238,17 +240,17 @@ class DraftEngine:
 
     def _finish(self, s, args: ProposeArgs, result: ProposeResult) -> None:
         if self.dynamic is not None:
-            s.drafted_with = (self.policy.m, args.keep_len + len(args.new_tokens),
+            s.state.drafted_with = (self.policy.m, args.keep_len + len(args.new_tokens),
                               tuple(result.tokens), time.perf_counter())
 
     def _observe(self, s, args: ProposeArgs) -> None:
         """Tell the policy how the session's previous round went: how many of its drafts
         the coordinator kept (read off this request's prefix) and how long the round
         took, Propose to Propose."""
-        last = s.drafted_with
+        last = s.state.drafted_with
         if last is None:
             return
-        s.drafted_with = None
+        s.state.drafted_with = None
         m, start, tokens, t0 = last
         if args.keep_len < start:  # the session went back further: not a round's outcome
             return

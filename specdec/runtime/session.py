@@ -34,15 +34,10 @@ class Session:
     held: TokenPrefix = field(default_factory=TokenPrefix)
     last_used: float = 0.0
     last_pass: Any = None  # the scheduler's record of the pass that fed it last
-    # Logits kept for a later look-up (the amateur's rows in contrastive decoding): the
-    # row for the token after the first n cached tokens, by n. Only what a request asked
-    # to keep; a truncate drops the rows past its length, as it drops those positions.
-    rows: dict[int, Any] = field(default_factory=dict)
-    # (n, x): the draft's request drew x after the first n tokens (fed, or about to be).
-    next_token: tuple[int, int] | None = None
-    # An on-the-fly skipping draft's last round: (m, first drafted position, drafted
-    # tokens, when it was proposed); draft_service.engine reads its outcome next time.
-    drafted_with: tuple | None = None
+    # What the service owning the store keeps per session beside the KV cache (the
+    # draft's draft_service.state.DraftState; None for the target): made by the store's
+    # `new_state`, and told of every truncation.
+    state: Any = None
 
     @property
     def tokens(self) -> list[int]:
@@ -64,16 +59,8 @@ class Session:
     def truncate(self, length: int) -> None:
         """Forget the bookkeeping of positions >= length (the caller crops the cache)."""
         self.held.truncate(length)
-        for n in [n for n in self.rows if n > length]:
-            del self.rows[n]
-
-    def keep_rows(self, first: int, logits, limit: int) -> None:
-        """Keep logits[i] as the row after the first `first + i` tokens; at most `limit`
-        rows stay, the latest."""
-        for i, row in enumerate(logits):
-            self.rows[first + i] = row.float().clone()
-        for n in sorted(self.rows)[:-limit] if len(self.rows) > limit else ():
-            del self.rows[n]
+        if self.state is not None:
+            self.state.truncate(length)
 
     def append(self, tokens: list[int]) -> None:
         self.held.extend(tokens)
@@ -99,6 +86,8 @@ class SessionStore:
         max_cached_tokens: int = 0,  # 0 = no budget
     ):
         self._new_cache = new_cache
+        # Each new session's `state` (the draft service sets its DraftState here).
+        self.new_state: Callable[[], Any] = lambda: None
         self.max_sessions = max_sessions
         self.ttl_s = ttl_s
         self.max_cached_tokens = max_cached_tokens
@@ -153,7 +142,7 @@ class SessionStore:
                         f"session cap reached ({self.max_sessions} live sessions); "
                         "release finished sessions or retry later"
                     )
-                session = Session(session_id, self._new_cache())
+                session = Session(session_id, self._new_cache(), state=self.new_state())
             else:
                 if keep_len > session.cached_len:
                     raise FailedPrecondition(
