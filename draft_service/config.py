@@ -20,8 +20,9 @@ class DraftConfig(ServerTLSFields, ModelServiceConfig):
     top_n: int = DEFAULT_TOP_N
     top_mass: float = DEFAULT_TOP_MASS
     # A draft's precision never changes the output, only its speed. f32: on the AMX CPUs
-    # measured (oneDNN capped at AVX-512 BF16), the int8 draft steps in 24.7 ms in f32
-    # against 25.1 ms in bf16 alone, and 37.7 against 63.7 ms for a batch of 8.
+    # measured (oneDNN capped at AVX-512 BF16), the int8 draft steps no slower in f32 than
+    # in bf16 alone and much faster in a batch (measured: docs/benchmarks.md, "Figures
+    # behind the code's choices").
     inference_precision: str = "f32"
     skip_layers: tuple[int, ...] = ()  # a self-speculative draft: the target minus these
     skip_on_the_fly: tuple[int, ...] = ()  # ranked layers an on-the-fly draft may skip

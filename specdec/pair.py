@@ -81,8 +81,8 @@ DEFAULT_PAIR = Pair("ov-fp32 target + ov-int8 draft",
 
 # The default pair with an amateur for contrastive decoding: the same int8 draft with
 # OpenVINO's dynamic quantization off, so that its logits depend on the prefix alone
-# (docs/design.md, section 17). Not the default: off, the int8 draft's passes cost 1.3x
-# per step, 1.9x at 8 sessions and 2.2x per 64-token prefill (measured).
+# (docs/design.md, section 17). Not the default: off, the int8 draft's passes cost more,
+# batched passes and prefills most (measured: docs/design.md, section 17).
 CONTRASTIVE_PAIR = Pair("ov-fp32 target + ov-int8 draft, dynamic quantization off",
                         DEFAULT_PAIR.target,
                         DEFAULT_PAIR.draft.with_(extra=("--dynamic-quantization", "off")))

@@ -153,8 +153,9 @@ def sample(probs: torch.Tensor, generator: torch.Generator) -> int:
     at one uniform from `generator`.
 
     Exact for zero-probability tokens (they never come out: their CDF step is empty) and
-    about ten times cheaper than torch.multinomial over a 49k vocabulary, which matters
-    when a target service samples K+1 rows per request for every session in a batch.
+    much cheaper than torch.multinomial over a 49k vocabulary (measured: docs/benchmarks.md,
+    "Figures behind the code's choices"), which matters when a target service samples K+1
+    rows per request for every session in a batch.
     """
     cdf = torch.cumsum(probs.double(), 0)
     u = float(torch.rand((), generator=generator, dtype=torch.float64)) * float(cdf[-1])

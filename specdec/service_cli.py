@@ -143,10 +143,10 @@ def add_model_service_flags(p: argparse.ArgumentParser, default_port: int,
     p.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=True,
                    help="before serving, run a throwaway session through every pass size a "
                         "request may bring (1 to --max-draft-tokens + 2 tokens): OpenVINO "
-                        "prepares its kernels per input shape on first use, and the first "
-                        "one-token pass after a load cost 400 ms on SmolLM2 (later ones "
-                        "20 ms), which the first client would otherwise wait for "
-                        "(default: on)")
+                        "prepares its kernels per input shape on first use, which makes "
+                        "the first pass of each size many times slower than the next "
+                        "(docs/design.md), and the first client would otherwise wait for "
+                        "it (default: on)")
     p.add_argument("--metrics-port", type=int, default=0,
                    help="serve Prometheus metrics at http://HOST:PORT/metrics, on --host; "
                         "0 = off (default: %(default)s)")

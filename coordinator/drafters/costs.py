@@ -48,12 +48,13 @@ class LookupSettings:
 
 # Prior per-token acceptance of look-up drafts by match length (the shortest length of
 # each bucket in MATCH_EDGES), when the matched suffix had one continuation (`UNIQUE`)
-# and when it had several, as two drafts' worth of evidence. Measured on the shipped
-# prompts' greedy text: 0.45, 0.59, 0.65, 0.73-0.78, 0.84 and 0.97 per token for one
-# continuation; a match of the longest length looked up (8) is nearly always a copy.
+# and when it had several, as two drafts' worth of evidence. They follow the acceptance
+# measured on the shipped prompts' greedy text (docs/design.md, section 19, "How many
+# drafts to send"); a match of the longest length looked up (8) is nearly always a copy.
 # Sampled rounds accept a draft x with probability p(x) rather than when it is the argmax,
 # so a copy is accepted less surely: their priors stay lower (at temperature 0.7 the
-# greedy ones took the look-up alone on extraction from 1.91x to 1.24x, 4 repeats).
+# greedy ones cost the look-up alone on extraction much of its speedup: docs/benchmarks.md,
+# "Who drafts").
 MATCH_EDGES = (1, 2, 3, 4, 6, DEFAULT_MAX_MATCH)
 PRIOR = (0.4, 0.55, 0.65, 0.75, 0.85, 0.95)
 PRIOR_SEVERAL = (0.15, 0.35, 0.5, 0.6, 0.7, 0.85)

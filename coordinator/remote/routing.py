@@ -43,7 +43,8 @@ CHANNEL_OPTIONS = [
     ("grpc.keepalive_time_ms", 30_000),
     # The router backs a failed replica off itself (Router.mark_failed). gRPC's own
     # reconnect back-off grows to 120 s by default, so a replica restarted on the same
-    # address stayed unreachable ~12 s after it was back; keep the channel's short.
+    # address stayed unreachable long after it was back (measured: docs/benchmarks.md,
+    # "Figures behind the code's choices"); keep the channel's short.
     ("grpc.initial_reconnect_backoff_ms", 250),
     ("grpc.min_reconnect_backoff_ms", 250),
     ("grpc.max_reconnect_backoff_ms", 2000),

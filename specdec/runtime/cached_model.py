@@ -152,8 +152,9 @@ class CachedModel:
         """Run a throwaway session through the passes a service sees first, before it
         serves: a prefill, then passes of 1 to `max_tokens` new tokens (each cropped back)
         and one of two sessions. OpenVINO's CPU plugin prepares its kernels per input
-        shape on first use; the first one-token pass after a load cost 400 ms on
-        SmolLM2-135M (later ones 20 ms). Returns the seconds it took."""
+        shape on first use, so the first pass of a shape costs many times a later one
+        (measured: docs/design.md, "The first pass of each shape"). Returns the seconds
+        it took."""
         b = self.backend
         t0 = time.perf_counter()
         prefill = max(1, min(prefill, self.max_context - max_tokens - 1))

@@ -16,7 +16,7 @@ ragged, with no padding:
 
 and returns logits for the positions asked for (`logits_indices`, a Gather we insert
 before the LM head: a prefill then computes one row of the 49k-wide head, not one per
-prompt token; 19% of a 100-token prefill on SmolLM2-135M). Rolling back is setting a
+prompt token; the saving measured: docs/design.md, section 14). Rolling back is setting a
 shorter length: no gather, no compaction, and the next tokens overwrite the dead
 entries. Each session's attention reads only its own blocks, so a session's logits do
 not depend on which others share the pass beyond float rounding in the shared matmuls
