@@ -7,6 +7,10 @@ STAMP  := $(VENV)/.installed
 PROTOS := $(wildcard protos/specdec/v1/*.proto)
 GEN    := specdec/v1/.generated
 PYTEST := $(BIN)/python -m pytest
+# Independent tests run on both cores (pytest-xdist), a test file per worker at a time so
+# that its module fixtures are built once; the shared draft and target servers are one
+# per worker. `make test PARALLEL=` runs them in one process.
+PARALLEL ?= -n 2 --dist loadfile
 
 # torch comes from this index when it answers within a few seconds, else from pip's
 # default index. The default is PyTorch's CPU index: the default index's Linux torch is a
@@ -85,7 +89,7 @@ bench-load: prepare
 	$(BIN)/specdec load --out bench-results/load
 
 # Headless Chromium and its WebDriver (Debian's packages) for the browser test of the
-# coordinator's /demo page (tests/e2e/test_demo_page.py) and `specdec.bench.demo_shot`.
+# coordinator's /demo page (tests/e2e/test_demo_page.py) and `specdec_tools.bench.demo_shot`.
 browser:
 	@if [ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ]; then exit 0; fi; \
 	if [ "$$(id -u)" != 0 ]; then \
@@ -97,7 +101,7 @@ browser:
 
 # The whole suite, real-model tests included (CI runs this), but the scale-out runs.
 test: prepare browser
-	$(PYTEST) -m "not scale" tests
+	$(PYTEST) $(PARALLEL) -m "not scale" tests
 
 # Scale-out for real (tests/scale, root for network namespaces): two Ray nodes, the
 # autoscaling ramp, pools of different sizes, rolling replacement; each prints its
@@ -108,7 +112,7 @@ test-scale: setup
 
 # The inner loop: everything but the slow tests.
 test-fast: setup
-	$(PYTEST) -m "not slow" tests
+	$(PYTEST) $(PARALLEL) -m "not slow" tests
 
 test-unit: setup
 	$(PYTEST) tests/unit

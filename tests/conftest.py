@@ -49,6 +49,21 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
                                yellow=True, bold=True)
 
 
+@pytest.fixture(autouse=True)
+def _shared_servers_left_as_found(request):
+    """The draft and target servers below are the whole run's (one per pytest worker):
+    sessions a test leaves at rest on them (a service test that opens sessions and never
+    releases them) are released after it, so that a later test's "every session was
+    released" check sees its own, in whatever order the tests run."""
+    engines = [request.getfixturevalue(name)[1] for name in ("draft_server", "target_server")
+               if name in request.fixturenames]
+    before = [set(engine.model.store.idle_ids()) for engine in engines]
+    yield
+    for engine, held in zip(engines, before, strict=True):
+        for session_id in set(engine.model.store.idle_ids()) - held:
+            engine.model.store.release(session_id)
+
+
 def _serve(create, cfg):
     server, port, engine = create(cfg)
     server.start()

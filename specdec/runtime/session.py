@@ -275,6 +275,11 @@ class SessionStore:
         with self._lock:
             return len(self._idle) + len(self._busy)
 
+    def idle_ids(self) -> list[str]:
+        """The sessions at rest (no request is using them), least recently used first."""
+        with self._lock:
+            return list(self._idle)
+
     def stats(self) -> StoreStats:
         with self._lock:
             cached = sum(s.cached_len for s in self._idle.values()) + sum(self._busy.values())

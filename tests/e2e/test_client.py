@@ -44,15 +44,22 @@ def run(coro):
     return asyncio.run(coro)
 
 
+# Two runs of one greedy request give the same text, ids and token texts; not always the
+# same kinds: which rounds had drafts at hand depends on timing (a round whose pre-draft
+# missed is the target's alone, or waits for drafts when the planner says it pays). So the
+# kinds are checked within a run (one per token), the output across runs.
+
+
 def joined(chunks: list[Chunk]) -> tuple:
-    """(text, ids, kinds, token_texts) of a stream's chunks put together."""
+    """(text, ids, token_texts) of a stream's chunks put together."""
+    assert all(len(c.kinds) == len(c.token_ids) for c in chunks)
     return ("".join(c.text for c in chunks), tuple(t for c in chunks for t in c.token_ids),
-            tuple(k for c in chunks for k in c.kinds),
             tuple(t for c in chunks for t in c.token_texts))
 
 
 def fields(done: Completion) -> tuple:
-    return done.text, done.token_ids, done.kinds, done.token_texts
+    assert len(done.kinds) == len(done.token_ids)
+    return done.text, done.token_ids, done.token_texts
 
 
 def raw_request(prompt: str = "", messages=(), **others) -> generate_pb2.GenerateRequest:
@@ -84,7 +91,8 @@ def test_generate_equals_the_raw_stub(client, generator_stub, prompt):
     done = client.generate(**options)
     assert isinstance(done, Completion)
     assert done.text == raw.text and done.token_ids == tuple(raw.token_ids)
-    assert [k.value for k in done.kinds] == list(raw.kinds)
+    assert len(done.kinds) == len(raw.kinds) == len(raw.token_ids)  # kinds: see `fields`
+    assert {k.value for k in done.kinds} <= set(generate_pb2.TokenKind.values()) - {0}
     assert done.token_texts == tuple(raw.token_texts)
     assert done.finish_reason == raw.finish_reason
     assert done.stats.prompt_tokens == raw.stats.prompt_tokens
