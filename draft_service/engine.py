@@ -23,6 +23,7 @@ from draft_service.amateur import Amateur, ScoreArgs, ScoreResult
 from draft_service.state import DraftState
 from specdec import coupling
 from specdec.errors import Cancelled, require
+from specdec.propose import ProposeOptions
 from specdec.runtime.cached_model import CachedModel, ServiceInfo
 from specdec.sampling import (
     DEFAULT_TOP_MASS,
@@ -43,17 +44,11 @@ if TYPE_CHECKING:
 
 
 @dataclass
-class ProposeArgs(SyncRequest):
-    num_tokens: int = 1  # K
+class ProposeArgs(SyncRequest, ProposeOptions):
+    """A Propose: the cache sync, the sampling parameters and the options
+    (specdec.propose.ProposeOptions)."""
+
     sampling: SamplingParams = field(default_factory=SamplingParams)
-    top_n: int = 0  # 0 = the engine's default
-    top_mass: float = 0.0  # 0 = the engine's default
-    exit_below: float = 0.0  # confidence exit: stop after a token drawn with prob < this
-    keep_logits: bool = False  # keep each step's logits for a later Score (contrastive)
-    min_p: float = 0.0  # propose only tokens with q >= min_p * max q (0 = off)
-    guess_seed: int | None = None  # sampled: the first token by coupled Gumbel-max
-    guess_last: bool = False  # ... the last token instead (a speculative round's guess)
-    lead_seed: int | None = None  # sampled: the first token by coupled Gumbel-max
 
 
 @dataclass

@@ -51,14 +51,8 @@ def propose_args(request: draft_pb2.ProposeRequest) -> ProposeArgs:
     return ProposeArgs(
         session_id=request.session_id, keep_len=request.keep_len,
         keep_digest=request.keep_digest, new_tokens=list(request.new_tokens),
-        num_tokens=request.num_tokens,
-        sampling=wire.sampling_from_proto(request.sampling), top_n=request.top_n,
-        top_mass=request.top_mass, exit_below=request.exit_below,
-        keep_logits=request.keep_logits, min_p=request.min_p,
-        guess_seed=request.guess_seed if request.HasField("guess_seed") else None,
-        guess_last=request.guess_last,
-        lead_seed=request.lead_seed if request.HasField("lead_seed") else None,
-    )
+        sampling=wire.sampling_from_proto(request.sampling),
+        **vars(wire.propose_options_from_proto(request)))
 
 
 def propose_response(result: ProposeResult) -> draft_pb2.ProposeResponse:

@@ -36,6 +36,7 @@ from coordinator.remote.clients import ItemFailure, propose_request
 from coordinator.remote.link import RESYNC_CODES, DraftLink
 from specdec import wire
 from specdec.digest import TokenPrefix
+from specdec.propose import ProposeOptions
 from specdec.sampling import SamplingParams
 
 
@@ -163,9 +164,9 @@ class ModelDrafter:
              guess_seed: int | None, guess_last: bool) -> PreDraft:
         sync = self.link.plan(TokenPrefix(assumed))
         exit_below = self.exit.threshold if self.exit is not None else 0.0
-        request = propose_request(sync, n, self.sampling, self.top_n, exit_below,
-                                  guess_seed=guess_seed, guess_last=guess_last,
-                                  lead_seed=lead_seed)
+        request = propose_request(sync, self.sampling, ProposeOptions(
+            num_tokens=n, top_n=self.top_n, exit_below=exit_below, guess_seed=guess_seed,
+            guess_last=guess_last, lead_seed=lead_seed))
         self.sent = PreDraft(self.link.replica, request, assumed, lead)
         return self.sent
 

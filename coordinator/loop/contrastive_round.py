@@ -38,6 +38,7 @@ from coordinator.record import RoundResult
 from coordinator.remote.link import AmateurUnavailable
 from specdec import coupling, wire
 from specdec.contrastive import ContrastiveParams, head_distribution
+from specdec.propose import ProposeOptions
 from specdec.sampling import derive_seed, generator
 from specdec.verify import Decision, TokenKind, decide, target_round
 
@@ -86,8 +87,8 @@ def _round(gen, k: int, remaining: int, params: ContrastiveParams, round_seed: i
         t0 = time.perf_counter()
         # The amateur proposes from its own plausible set: the expert's acceptance is zero
         # outside its V_head, and the two sets mostly agree (lossless whatever q is).
-        proposal = gen.draft.propose(gen.committed, k, sampling, policy.top_n, 0.0,
-                                     keep_logits=True, min_p=params.alpha)
+        proposal = gen.draft.propose(gen.committed, sampling, ProposeOptions(
+            num_tokens=k, top_n=policy.top_n, keep_logits=True, min_p=params.alpha))
         if proposal is None:
             raise AmateurUnavailable("contrastive decoding needs the draft service (the "
                                      "amateur), which is failing; retry later")
@@ -107,9 +108,9 @@ def _round(gen, k: int, remaining: int, params: ContrastiveParams, round_seed: i
         if drafts and not sampling.greedy else None
     feed = None
     if pipelined:
-        gen.predrafts.start(gen.committed, seq.tokens, len(drafts), 0.0, lead=1,
-                            guess=False, keep_logits=True, min_p=params.alpha,
-                            guess_seed=bonus_seed)
+        gen.predrafts.start(gen.committed, seq.tokens, ProposeOptions(
+            num_tokens=len(drafts), keep_logits=True, min_p=params.alpha,
+            guess_seed=bonus_seed), lead=1, guess=False)
     else:
         feed = gen.loop.amateur_pool.submit(gen.draft.score, seq, [], params, 1)
     t0 = time.perf_counter()

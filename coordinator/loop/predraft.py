@@ -17,7 +17,7 @@ the draft holding only the prefix it kept, whether the call-off or the reply won
 from __future__ import annotations
 
 from concurrent.futures import Executor, Future
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import grpc
 
@@ -25,6 +25,7 @@ from coordinator.record import Recorder
 from coordinator.remote.clients import Cancel, Proposal
 from coordinator.remote.link import RESYNC_CODES, DraftLink
 from specdec.digest import TokenPrefix
+from specdec.propose import ProposeOptions
 from specdec.sampling import SamplingParams
 from specdec.sync import SyncRequest
 
@@ -55,14 +56,13 @@ class PreDrafts:
         self.sampling, self.top_n = sampling, top_n
         self.pending: PreDraft | None = None
 
-    def start(self, committed: TokenPrefix, assumed_tokens: list[int], k: int,
-              exit_below: float, lead: int = 0, prefill: bool = False, guess: bool = True,
-              keep_logits: bool = False, min_p: float = 0.0,
-              guess_seed: int | None = None, guess_last: bool = False) -> None:
-        """Propose k drafts and a guess (unless not `guess`) on top of `assumed_tokens`
-        (the committed ids plus guesses) plus the draft's own first `lead` tokens.
-        `prefill`: this is the prefill round's pre-draft (never called off).
-        keep_logits, min_p, guess_seed, guess_last: as in Propose."""
+    def start(self, committed: TokenPrefix, assumed_tokens: list[int],
+              options: ProposeOptions, lead: int = 0, prefill: bool = False,
+              guess: bool = True) -> None:
+        """Propose options.num_tokens drafts and a guess (unless not `guess`) on top of
+        `assumed_tokens` (the committed ids plus guesses) plus the draft's own first `lead`
+        tokens, with this generation's top_n. `prefill`: this is the prefill round's
+        pre-draft (never called off)."""
         replica = self.draft.replica
         if replica is None:
             return
@@ -70,12 +70,11 @@ class PreDrafts:
         keep_len, keep_digest, new_tokens = self.draft.view.plan(assumed)
         sync = SyncRequest(self.draft.session_id, keep_len, keep_digest, new_tokens)
         client, cancel = replica.client, Cancel()
+        options = replace(options, top_n=self.top_n,
+                          num_tokens=lead + options.num_tokens + (1 if guess else 0))
 
         def predraft():
-            proposal = client.propose(sync, lead + k + (1 if guess else 0), self.sampling,
-                                      self.top_n, self.draft.meter, exit_below, cancel,
-                                      keep_logits=keep_logits, min_p=min_p,
-                                      guess_seed=guess_seed, guess_last=guess_last)
+            proposal = client.propose(sync, self.sampling, options, self.draft.meter, cancel)
             return proposal, (assumed.tokens + proposal.tokens)[:proposal.cached_len]
 
         # Called off at any point, the draft still holds the kept prefix: a request never

@@ -18,6 +18,7 @@ import torch
 
 from specdec import wire
 from specdec.contrastive import ContrastiveParams, Head
+from specdec.propose import ProposeOptions
 from specdec.sampling import SamplingParams
 from specdec.sync import SyncRequest
 from specdec.v1 import common_pb2, draft_pb2, draft_pb2_grpc, target_pb2, target_pb2_grpc
@@ -246,16 +247,11 @@ class _ModelServiceClient:
 class DraftClient(_ModelServiceClient):
     stub_class = draft_pb2_grpc.DraftServiceStub
 
-    def propose(self, sync: SyncRequest, num_tokens: int, sampling: SamplingParams,
-                top_n: int = 0, meter: WireBytes | None = None,
-                exit_below: float = 0.0, cancel: Cancel | None = None,
-                keep_logits: bool = False, min_p: float = 0.0,
-                guess_seed: int | None = None, guess_last: bool = False) -> Proposal:
+    def propose(self, sync: SyncRequest, sampling: SamplingParams, options: ProposeOptions,
+                meter: WireBytes | None = None, cancel: Cancel | None = None) -> Proposal:
         """Raises grpc.RpcError, or grpc.FutureCancelledError once `cancel` was called (the
         draft then stops at its next token; its cache keeps what it had fed)."""
-        req = propose_request(sync, num_tokens, sampling, top_n, exit_below,
-                              keep_logits=keep_logits, min_p=min_p, guess_seed=guess_seed,
-                              guess_last=guess_last)
+        req = propose_request(sync, sampling, options)
 
         def cancellable(req):
             if cancel.requested:
@@ -266,8 +262,8 @@ class DraftClient(_ModelServiceClient):
 
         resp = self._unary(self.stub.Propose, req, meter,
                            cancellable if cancel is not None else None)
-        return Proposal(list(resp.tokens), list(resp.dists), resp.cached_len, num_tokens,
-                        resp.step_seconds)
+        return Proposal(list(resp.tokens), list(resp.dists), resp.cached_len,
+                        options.num_tokens, resp.step_seconds)
 
     def score(self, sync: SyncRequest, heads: list[Head], params: ContrastiveParams,
               meter: WireBytes | None = None,
@@ -323,18 +319,12 @@ def target_round_of(resp: target_pb2.VerifyResponse) -> TargetRound:
                        resp.pass_seconds)
 
 
-def propose_request(sync: SyncRequest, num_tokens: int, sampling: SamplingParams,
-                    top_n: int = 0, exit_below: float = 0.0, *, keep_logits: bool = False,
-                    min_p: float = 0.0, guess_seed: int | None = None,
-                    guess_last: bool = False,
-                    lead_seed: int | None = None) -> draft_pb2.ProposeRequest:
+def propose_request(sync: SyncRequest, sampling: SamplingParams,
+                    options: ProposeOptions) -> draft_pb2.ProposeRequest:
     return draft_pb2.ProposeRequest(
         session_id=sync.session_id, keep_len=sync.keep_len, keep_digest=sync.keep_digest,
-        new_tokens=sync.new_tokens, num_tokens=num_tokens,
-        sampling=wire.sampling_to_proto(sampling), top_n=top_n, exit_below=exit_below,
-        keep_logits=keep_logits, min_p=min_p, guess_seed=guess_seed, guess_last=guess_last,
-        lead_seed=lead_seed,
-    )
+        new_tokens=sync.new_tokens, sampling=wire.sampling_to_proto(sampling),
+        **wire.propose_options_to_proto(options))
 
 
 def verify_request(sync: SyncRequest, drafts: list[int],

@@ -32,6 +32,7 @@ from coordinator.remote.view import CacheView
 from specdec.contrastive import ContrastiveParams
 from specdec.digest import TokenPrefix
 from specdec.errors import InvalidArgument, ResourceExhausted, Unavailable
+from specdec.propose import ProposeOptions
 from specdec.sampling import SamplingParams
 from specdec.sync import SyncRequest
 from specdec.verify import TargetRound
@@ -137,18 +138,15 @@ class DraftLink(Link):
         self.failures += 1
         self.retry_at = time.monotonic() + backoff_s(self.backoff_base_s, self.failures, 5)
 
-    def propose(self, committed: TokenPrefix, k: int, sampling: SamplingParams, top_n: int,
-                exit_below: float, keep_logits: bool = False,
-                min_p: float = 0.0, guess_seed: int | None = None) -> Proposal | None:
-        """k tokens from the draft on top of the committed ids; None while it is failing.
-        `guess_seed`: the last token is a guess at the bonus, coupled with the target's
-        draw (ProposeRequest.guess_seed, guess_last)."""
+    def propose(self, committed: TokenPrefix, sampling: SamplingParams,
+                options: ProposeOptions) -> Proposal | None:
+        """options.num_tokens tokens from the draft on top of the committed ids; None while
+        it is failing."""
         if not self.ready():
             return None
         try:
             proposal = self.call(committed, lambda client, sync: client.propose(
-                sync, k, sampling, top_n, self.meter, exit_below, keep_logits=keep_logits,
-                min_p=min_p, guess_seed=guess_seed, guess_last=guess_seed is not None))
+                sync, sampling, options, self.meter))
         except grpc.RpcError as e:
             self.failed(e)
             return None
