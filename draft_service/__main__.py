@@ -18,23 +18,23 @@ def create(cfg: DraftConfig) -> tuple[SpecdecServer, int, DraftEngine]:
     tls = server_tls(cfg.tls_cert, cfg.tls_key, cfg.tls_client_ca)
     model = load_cached_model(cfg)
     engine = DraftEngine(model, cfg.max_draft_tokens, cfg.top_n,
-                         policy=skip_policy(cfg, model), default_top_mass=cfg.top_mass)
+                         climber=skip_climber(cfg, model), default_top_mass=cfg.top_mass)
     grpc_server, port = build_server(cfg.address, [server.service(engine)],
                                      max_workers=cfg.workers, tls=tls)
     start_metrics("draft", cfg, engine.model)
     return grpc_server, port, engine
 
 
-def skip_policy(cfg: DraftConfig, model):
-    """The on-the-fly skip policy --skip-on-the-fly asks for, else None. By default it
+def skip_climber(cfg: DraftConfig, model):
+    """The on-the-fly skip climber --skip-on-the-fly asks for, else None. By default it
     may skip the whole order but one layer of the model."""
     if not cfg.skip_on_the_fly:
         return None
-    from draft_service.skip_policy import SkipPolicy
+    from draft_service.skip_climb import SkipClimber
 
     order = cfg.skip_on_the_fly
     most = min(len(order), model.backend.dynamic_skip.num_layers - 1)
-    return SkipPolicy(order, most if cfg.skip_max < 0 else cfg.skip_max,
+    return SkipClimber(order, most if cfg.skip_max < 0 else cfg.skip_max,
                       window=cfg.skip_window)
 
 

@@ -1,6 +1,6 @@
 """The draft as the amateur of contrastive decoding: its values on the expert's V_head.
 
-Score follows the cache-sync rule, except that new_tokens may be empty (a look-up in
+Score follows the cache-sync rule, except that new_tokens may be empty (a read of
 what the session holds). With n = keep_len + len(new_tokens) and h heads, heads[j]
 asks about the token after the first n - h + 1 + j tokens. The rows come from the
 session's kept logits (what an earlier Propose with keep_logits, or an earlier Score,
@@ -11,7 +11,7 @@ what happened to be kept (docs/design.md, section 17).
 A read-only Score (pipelined contrastive rounds) changes nothing: the session may hold
 tokens past keep_len, the next round's pre-draft, and may still be busy with it. The
 rows are then read beside that request as soon as it has computed them, or, once the
-session is idle, looked up (recomputed if need be) without cropping it.
+session is idle, read (recomputed if need be) without cropping it.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from specdec.sync import SyncRequest
 class ScoreArgs(SyncRequest):
     heads: list[list[int]] = field(default_factory=list)  # V_head's ids per position
     params: ContrastiveParams = field(default_factory=ContrastiveParams)
-    read_only: bool = False  # look up at keep_len; crop and feed nothing
+    read_only: bool = False  # read at keep_len; crop and feed nothing
 
 
 @dataclass
@@ -47,7 +47,7 @@ class Amateur:
     (max_draft_tokens + 1: a speculative round's K+1 positions), and the rows a session
     keeps: a round's and its pre-draft's."""
 
-    poll_s = 0.001  # how often a read-only look-up checks a busy session's rows
+    poll_s = 0.001  # how often a read-only Score checks a busy session's rows
 
     def __init__(self, model: CachedModel, max_heads: int):
         self.model, self.max_heads = model, max_heads
@@ -59,7 +59,7 @@ class Amateur:
                                      f"(max_draft_tokens + 1), got {h}")
         self.model.check_sync(args, feed=False)
         require(not (args.read_only and args.new_tokens),
-                "read_only: new_tokens must be empty (a read-only look-up feeds nothing)")
+                "read_only: new_tokens must be empty (a read-only Score feeds nothing)")
         n = args.keep_len + len(args.new_tokens)
         require(n >= 1, "nothing to score: keep_len = 0 and no new_tokens")
         require(h <= n, f"{h} heads ask about positions before the first token: the "

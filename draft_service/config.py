@@ -57,7 +57,7 @@ def parser() -> argparse.ArgumentParser:
                    metavar="ORDER",
                    help="choose the skip set during generation (torch backend): skip the "
                         "first m layers of this ranked list, m chosen from the rounds' "
-                        "observed tokens per second (draft_service.skip_policy; SWIFT), "
+                        "observed tokens per second (draft_service.skip_climb; SWIFT), "
                         "e.g. 12,25,3 or @FILE (specdec tune-skip writes <study>.order); "
                         "default: off")
     p.add_argument("--skip-max", type=int, default=-1,

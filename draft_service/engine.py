@@ -40,7 +40,7 @@ from specdec.sync import SyncRequest
 from specdec.verify import SparseQ, argmax
 
 if TYPE_CHECKING:
-    from draft_service.skip_policy import SkipPolicy
+    from draft_service.skip_climb import SkipClimber
 
 
 @dataclass
@@ -61,13 +61,13 @@ class ProposeResult:
 
 class DraftEngine:
     def __init__(self, model: CachedModel, max_draft_tokens: int = 16,
-                 default_top_n: int = DEFAULT_TOP_N, policy: SkipPolicy | None = None,
+                 default_top_n: int = DEFAULT_TOP_N, climber: SkipClimber | None = None,
                  default_top_mass: float = DEFAULT_TOP_MASS):
         self.model = model
         model.store.new_state = DraftState  # what a draft session keeps beside its cache
-        # skipping on the fly: the policy picks the set, the backend's layers apply it
-        self.policy = policy
-        self.dynamic = model.backend.dynamic_skip if policy else None
+        # skipping on the fly: the climber picks the set, the backend's layers apply it
+        self.climber = climber
+        self.dynamic = model.backend.dynamic_skip if climber else None
         self.max_draft_tokens = max_draft_tokens
         self.default_top_n = default_top_n
         self.default_top_mass = default_top_mass
@@ -185,7 +185,7 @@ class DraftEngine:
         self.model.crop(s, args.keep_len)
         if self.dynamic is not None:
             self._observe(s, args)
-            self.dynamic.set(self.policy.skip_set())
+            self.dynamic.set(self.climber.skip_set())
         return self._steps(args, s, top_n, top_mass, cancelled)
 
     def _steps(self, args: ProposeArgs, s, top_n: int, top_mass: float,
@@ -235,11 +235,11 @@ class DraftEngine:
 
     def _finish(self, s, args: ProposeArgs, result: ProposeResult) -> None:
         if self.dynamic is not None:
-            s.state.drafted_with = (self.policy.m, args.keep_len + len(args.new_tokens),
+            s.state.drafted_with = (self.climber.m, args.keep_len + len(args.new_tokens),
                               tuple(result.tokens), time.perf_counter())
 
     def _observe(self, s, args: ProposeArgs) -> None:
-        """Tell the policy how the session's previous round went: how many of its drafts
+        """Tell the climber how the session's previous round went: how many of its drafts
         the coordinator kept (read off this request's prefix) and how long the round
         took, Propose to Propose."""
         last = s.state.drafted_with
@@ -253,7 +253,7 @@ class DraftEngine:
         accepted = 0
         while accepted < min(len(tokens), len(truth)) and truth[accepted] == tokens[accepted]:
             accepted += 1
-        self.policy.observe(m, accepted, time.perf_counter() - t0)
+        self.climber.observe(m, accepted, time.perf_counter() - t0)
 
     def score(self, args: ScoreArgs, cancelled: Callable[[], bool] = lambda: False,
               busy_wait_s: float = 0.0) -> ScoreResult:

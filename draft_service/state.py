@@ -10,7 +10,7 @@ from typing import Any
 
 @dataclass
 class DraftState:
-    # Logits kept for a later look-up (the amateur's rows in contrastive decoding): the
+    # Logits kept for a later Score (the amateur's rows in contrastive decoding): the
     # row for the token after the first n cached tokens, by n. Only what a request asked
     # to keep; a truncate drops the rows past its length, as it drops those positions.
     rows: dict[int, Any] = field(default_factory=dict)

@@ -16,7 +16,7 @@ Li et al. 2022 and O'Brien & Lewis 2023).
 
 Pipelined (the loop's --pipeline, the default): while the target verifies, the draft
 feeds x_K as the first step of a pre-draft of the next round (coordinator.loop.predraft),
-its own next token standing in for the bonus; the look-up then reads the rows beside
+its own next token standing in for the bonus; the read-only Score then reads the rows beside
 that pre-draft (a read-only Score), and the next round uses its drafts when all K were
 accepted and the bonus is that guess. The pre-draft changes where the draft computes,
 never what: the rows depend on the ids alone, so outputs are the same either way.
@@ -124,11 +124,11 @@ def _round(gen, k: int, remaining: int, params: ContrastiveParams, round_seed: i
     if feed is not None:
         feed.result()
     else:
-        looked_up = gen.draft.look_up(seq, expert.heads, params)
-        if looked_up is None:  # the draft does not hold seq beside the pre-draft
+        read = gen.draft.score_read_only(seq, expert.heads, params)
+        if read is None:  # the draft does not hold seq beside the pre-draft
             gen.predrafts.drop()
         else:
-            amateur, guess = looked_up
+            amateur, guess = read
     if amateur is None:
         amateur = gen.draft.score(seq, expert.heads, params)
     verify_s = time.perf_counter() - t0  # the round's cost beyond drafting (adaptive K)

@@ -182,7 +182,7 @@ class DraftLink(Link):
         self.view.served(seq.tokens, cached_len)
         return values
 
-    def look_up(self, seq: TokenPrefix, heads: list,
+    def score_read_only(self, seq: TokenPrefix, heads: list,
                 params: ContrastiveParams) -> tuple[list, int | None] | None:
         """A read-only Score at `seq` (its last len(heads) positions), beside a pre-draft
         that may still hold the session; the view is left to that pre-draft. Returns the

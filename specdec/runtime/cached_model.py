@@ -74,7 +74,7 @@ class CachedModel:
     def check_sync(self, args: SyncRequest, extra_positions: int = 0,
                    feed: bool = True) -> None:
         """INVALID_ARGUMENT for a malformed sync request; nothing is touched. `feed`
-        False: new_tokens may be empty (a look-up in what the session holds)."""
+        False: new_tokens may be empty (a read of what the session holds)."""
         require(bool(args.session_id), "session_id must not be empty")
         require(len(args.session_id) <= 256, "session_id is longer than 256 characters")
         require(args.keep_len >= 0, f"keep_len must be >= 0, got {args.keep_len}")

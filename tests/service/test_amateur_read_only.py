@@ -66,7 +66,7 @@ def held(engine, session_id) -> int:
 
 
 @pytest.mark.parametrize("keep_logits", [True, False], ids=["kept", "recomputed"])
-def test_a_read_only_look_up_at_a_prefix_changes_nothing(draft_stub, draft_server,
+def test_a_read_only_score_at_a_prefix_changes_nothing(draft_stub, draft_server,
                                                          keep_logits):
     engine, s = draft_server[1], sid()
     seq = propose(draft_stub, s, keep_logits=keep_logits)  # the draft holds seq[:-1]

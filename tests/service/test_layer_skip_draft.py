@@ -132,10 +132,10 @@ def test_greedy_with_skipping_on_the_fly_equals_target_only(on_the_fly_draft, ta
         result = loop.generate(prompt, 32, GREEDY, num_draft_tokens=k)
         assert result.token_ids == baseline.token_ids, (prompt, k)
     # It measured both depths and moved between them, one step per decision.
-    assert set(engine.policy.rates) == {0, 1}
-    assert {0, 1} <= set(engine.policy.history)
-    assert all(abs(a - b) <= 1 for a, b in zip(engine.policy.history,
-                                                engine.policy.history[1:], strict=False))
+    assert set(engine.climber.rates) == {0, 1}
+    assert {0, 1} <= set(engine.climber.history)
+    assert all(abs(a - b) <= 1 for a, b in zip(engine.climber.history,
+                                                engine.climber.history[1:], strict=False))
 
 
 def test_skipping_on_the_fly_needs_the_torch_backend_and_no_fixed_set():
@@ -159,4 +159,4 @@ def test_sampled_output_skipping_on_the_fly_follows_the_target(tmp_home, target_
     *_, engine = sampled_check(
         DraftConfig(model="tiny-random", port=0, skip_on_the_fly=(1,), skip_window=1),
         target_client, target_server, 4, 1)
-    assert {0, 1} <= set(engine.policy.history)
+    assert {0, 1} <= set(engine.climber.history)

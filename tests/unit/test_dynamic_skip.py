@@ -1,13 +1,13 @@
 """specdec.runtime.dynamic_skip: a constant set computes what the pruned model computes,
 any mix of sets keeps every layer's cache whole, and no set is the whole model; in one
-batch too. draft_service.skip_policy: hill climbing one step per decision."""
+batch too. draft_service.skip_climb: hill climbing one step per decision."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from draft_service.skip_policy import SkipPolicy
+from draft_service.skip_climb import SkipClimber
 from specdec.runtime.dynamic_skip import DynamicSkip
 from specdec.runtime.layer_skip import drop_layers, parse_order
 from specdec.runtime.models import TINY_TARGET, build_tiny
@@ -75,14 +75,14 @@ def test_orders_keep_their_order():
 
 def test_the_policy_climbs_to_the_best_depth_one_step_at_a_time():
     # Rounds drafted with m skipped layers return at a rate peaking at m = 3.
-    policy = SkipPolicy(order=(4, 2, 7, 1, 6, 0), max_skip=6, window=4)
+    climber = SkipClimber(order=(4, 2, 7, 1, 6, 0), max_skip=6, window=4)
     for _ in range(400):
-        m = policy.m
-        policy.observe(m, accepted=2, seconds=1.0 / (10 - (m - 3) ** 2))
-    assert policy.best == 3
-    assert all(abs(a - b) <= 1 for a, b in zip(policy.history, policy.history[1:],
+        m = climber.m
+        climber.observe(m, accepted=2, seconds=1.0 / (10 - (m - 3) ** 2))
+    assert climber.best == 3
+    assert all(abs(a - b) <= 1 for a, b in zip(climber.history, climber.history[1:],
                                                 strict=False))
-    assert set(policy.history) <= {2, 3, 4} | set(range(4))
-    assert policy.skip_set(3) == (2, 4, 7)
+    assert set(climber.history) <= {2, 3, 4} | set(range(4))
+    assert climber.skip_set(3) == (2, 4, 7)
     with pytest.raises(ValueError):
-        SkipPolicy(order=(1, 2), max_skip=3)
+        SkipClimber(order=(1, 2), max_skip=3)

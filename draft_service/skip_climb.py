@@ -12,7 +12,7 @@ has measured, and once per `window` rounds it spends one window on a neighbour (
 or m - 1, in turn), never further; stale figures decay so the choice follows the text.
 Which m drafts a round depends only on rounds already finished, so the draft's q is
 still the distribution it sampled from: greedy output is unchanged and sampled output
-exact in distribution, whatever the policy does.
+exact in distribution, whatever the climber does.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ class _Rate:
 
 
 @dataclass
-class SkipPolicy:
+class SkipClimber:
     order: tuple[int, ...]  # layers, the first to skip first
     max_skip: int
     window: int = 16  # rounds per decision
