@@ -8,7 +8,7 @@ from dataclasses import dataclass, fields
 from specdec.runtime import layer_skip
 from specdec.runtime.fr_vocab import head_vocab_arg
 from specdec.sampling import DEFAULT_TOP_MASS, DEFAULT_TOP_N
-from specdec.service_cli import ModelServiceConfig, add_model_service_flags
+from specdec.service_config import ModelServiceConfig, add_model_service_flags
 from specdec.tls import ServerTLSFields, add_server_tls_flags
 
 DEFAULT_PORT = 50051

@@ -1,7 +1,9 @@
 """The draft/target pair and the one place that turns it into service command lines.
 
-A `ServiceSpec` says how one model service runs (model, backend, weights, threads,
-inference precision, extra flags); `.args(port, cpus)` is its command line. A `Pair` is a
+A `ServiceSpec` is a role and the settings of specdec.service_config.ModelServiceConfig it
+runs with (model, backend, weights, threads, inference precision: the same names), plus
+any further flags; `.args(port, cpus)` is its command line, spelled by
+specdec.service_config.command_line. A `Pair` is a
 target spec and a draft spec; `DEFAULT_PAIR` is what `specdec up`, `specdec demo`, the
 bench, the tests and the k8s manifests run; `CANDIDATES` are the pairs `specdec
 bench-pairs` compares, built from it. `placement()` is the one CPU placement rule and
@@ -27,7 +29,7 @@ class ServiceSpec:
     backend: str | None = "openvino"  # None = the service's default (no flag)
     weights: str | None = "fp32"  # OpenVINO IR weights; None = no flag
     threads: int = 1  # 0 = the runtime's default (no flag)
-    precision: str | None = None  # --inference-precision; None = the service's default
+    inference_precision: str | None = None  # None = the service's default (no flag)
     extra: tuple[str, ...] = ()  # further flags, appended as given
 
     @property
@@ -36,23 +38,22 @@ class ServiceSpec:
 
     def model_flags(self) -> list[str]:
         """What the service computes with: backend, weights, precision and the extras."""
-        out = []
-        if self.backend:
-            out += ["--backend", self.backend]
-        if self.weights:
-            out += ["--weights", self.weights]
-        if self.precision:
-            out += ["--inference-precision", self.precision]
-        return out + list(self.extra)
+        from specdec.service_config import command_line
+
+        return command_line({name: value for name, value in (
+            ("backend", self.backend), ("weights", self.weights),
+            ("inference_precision", self.inference_precision)) if value}) + list(self.extra)
 
     def args(self, port: int = 0, cpus: str | int | None = None) -> list[str]:
         """The service's command line (after `python -m <module>`)."""
-        out = ["--model", self.model, "--port", str(port)]
+        from specdec.service_config import command_line
+
+        settings = {"model": self.model, "port": port}
         if self.threads:
-            out += ["--threads", str(self.threads)]
+            settings["threads"] = self.threads
         if cpus is not None and cpus != "":
-            out += ["--cpus", str(cpus)]
-        return out + self.model_flags()
+            settings["cpus"] = cpus
+        return command_line(settings) + self.model_flags()
 
     def with_(self, **changes) -> ServiceSpec:
         return replace(self, **changes)

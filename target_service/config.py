@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, fields
 
-from specdec.service_cli import ModelServiceConfig, add_model_service_flags
+from specdec.service_config import ModelServiceConfig, add_model_service_flags
 from specdec.tls import ServerTLSFields, add_server_tls_flags
 
 DEFAULT_PORT = 50052

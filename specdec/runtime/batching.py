@@ -39,13 +39,13 @@ from typing import Any
 import torch
 
 from specdec.errors import Cancelled
+from specdec.service_config import DEFAULT_MAX_BATCH_TOKENS
 
 log = logging.getLogger(__name__)
 
 # (cache, tokens to feed, how many last positions' logits to return): one backend row.
 Item = tuple[Any, list[int], int]
 
-DEFAULT_MAX_BATCH_TOKENS = 2048
 DEFAULT_MAX_WAIT_S = 0.05
 FAST_RETURN = 0.25  # a return gap up to this fraction of the last pass is waited for
 MAX_TRACKED = 4096  # return gaps remembered (sessions), oldest forgotten first

@@ -18,8 +18,9 @@ from specdec import digest as digests
 from specdec.errors import InvalidArgument, require
 from specdec.metrics import ModelMetrics
 from specdec.runtime.backend import Backend
-from specdec.runtime.batching import DEFAULT_MAX_BATCH_TOKENS, Pass, Scheduler
+from specdec.runtime.batching import Pass, Scheduler
 from specdec.runtime.session import Session, SessionStore
+from specdec.service_config import DEFAULT_MAX_BATCH_TOKENS
 from specdec.sync import SyncRequest
 
 

@@ -56,7 +56,8 @@ def run(args: argparse.Namespace) -> int:
     hf = prepare_smollm2()
     target_ir, draft_ir = export(hf, "fp32", say=say), export(hf, "int8", say=say)
     pair = pairs.DEFAULT_PAIR.with_models(args.model, args.model).with_threads(args.threads)
-    pair = pairs.Pair(pair.name, pair.target.with_(precision=args.precision), pair.draft)
+    pair = pairs.Pair(pair.name, pair.target.with_(inference_precision=args.precision),
+                      pair.draft)
     k_pipe = 4 if 4 in ks else ks[-1]
     failed: dict[str, str] = {}  # "scenario @ temperature" -> error (a peer's, not ours)
     with ExitStack() as stack:

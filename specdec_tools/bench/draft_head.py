@@ -191,7 +191,8 @@ def plot(rows: list[dict], sessions: list[int], path: Path) -> Path | None:
 def run(args: argparse.Namespace) -> int:
     from specdec.runtime.fr_vocab import Recipe, _chat_ids, generate
     from specdec.runtime.models import load_tokenizer
-    from specdec.service_cli import ModelServiceConfig, load_backend
+    from specdec.service_cli import load_backend
+    from specdec.service_config import ModelServiceConfig
     from specdec_tools.bench import chat_prompts
 
     def say(message: str) -> None:

@@ -175,7 +175,8 @@ def plot(rows: list[dict], path: Path) -> Path:
 
 def run(args: argparse.Namespace) -> int:
     from coordinator.drafters.costs import LookupSettings
-    from specdec.service_cli import ModelServiceConfig, load_backend
+    from specdec.service_cli import load_backend
+    from specdec.service_config import ModelServiceConfig
 
     if args.cpu is not None:
         os.sched_setaffinity(0, {args.cpu})

@@ -32,3 +32,33 @@ def test_contrastive_starts_the_amateur_with_dynamic_quantization_off():
 def test_draft_args_still_replace_the_defaults():
     pair = config("--contrastive", "--draft-arg=--backend=torch").pair
     assert pair.name == "custom" and "--backend=torch" in pair.draft.args(0, None)
+
+
+def test_a_service_spec_is_model_service_settings_and_its_command_line_parses_back():
+    """One description of how a model service runs: a ServiceSpec's settings are
+    ModelServiceConfig fields of the same names, and its command line, parsed by the
+    service's own parser, gives back exactly those values."""
+    from dataclasses import fields
+
+    from draft_service.config import from_args as draft_from_args
+    from specdec.pair import CANDIDATES, ServiceSpec
+    from specdec.service_config import ModelServiceConfig, command_line
+    from target_service.config import from_args as target_from_args
+
+    settings = {f.name for f in fields(ServiceSpec)} - {"role", "extra"}
+    assert settings <= {f.name for f in fields(ModelServiceConfig)}
+    parse = {"draft": draft_from_args, "target": target_from_args}
+    for pair in [DEFAULT_PAIR, CONTRASTIVE_PAIR, *CANDIDATES]:
+        for spec in (pair.target, pair.draft):
+            cfg = parse[spec.role](spec.args(5005, 1))
+            assert (cfg.port, cfg.cpus) == (5005, "1")
+            for name in settings:
+                if getattr(spec, name) not in (None, 0):
+                    assert getattr(cfg, name) == getattr(spec, name), (spec, name)
+    assert command_line({"warmup": False, "threads": 2}) == ["--no-warmup", "--threads", "2"]
+    try:
+        command_line({"no_such_setting": 1})
+    except ValueError as e:
+        assert "no_such_setting" in str(e)
+    else:
+        raise AssertionError("an unknown setting was spelled")
