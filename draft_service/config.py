@@ -37,36 +37,37 @@ def parser() -> argparse.ArgumentParser:
         description="specdec draft service: proposes K tokens per request, with the exact "
                     "sparse distributions it sampled them from (gRPC specdec.v1.DraftService).",
     )
-    add_model_service_flags(p, DEFAULT_PORT, default_precision="f32")
-    p.add_argument("--top-n", type=int, default=DEFAULT_TOP_N,
+    d = DraftConfig()  # every default is its field's
+    add_model_service_flags(p, d.port, default_precision=d.inference_precision)
+    p.add_argument("--top-n", type=int, default=d.top_n,
                    help="size of the sparse q sent per drafted token when a request says 0; "
                         "smaller = fewer bytes, slightly lower acceptance (default: %(default)s)")
-    p.add_argument("--top-mass", type=mass, default=DEFAULT_TOP_MASS,
+    p.add_argument("--top-mass", type=mass, default=d.top_mass,
                    help="keep only the fewest most likely tokens holding this much of the "
                         "mass in each sparse q (at most --top-n of them) when a request "
                         "says 0; in (0, 1], 1 = always --top-n; smaller = fewer bytes, "
                         "slightly lower acceptance (default: %(default)s)")
-    p.add_argument("--skip-layers", type=layer_skip.arg, default=(), metavar="SET",
+    p.add_argument("--skip-layers", type=layer_skip.arg, default=d.skip_layers, metavar="SET",
                    help="serve the model with these decoder layers skipped, a "
                         "self-speculative draft (Draft & Verify; specdec.runtime.layer_skip): "
                         "0-based indices and ranges, e.g. 3,5,7 or 2-4,9, or @FILE to read "
                         "them from a file (what specdec tune-skip writes); the OpenVINO "
                         "backend needs an IR exported for the set (specdec prepare "
                         "--skip-layers SET); default: none")
-    p.add_argument("--skip-on-the-fly", type=layer_skip.order_arg, default=(),
+    p.add_argument("--skip-on-the-fly", type=layer_skip.order_arg, default=d.skip_on_the_fly,
                    metavar="ORDER",
                    help="choose the skip set during generation (torch backend): skip the "
                         "first m layers of this ranked list, m chosen from the rounds' "
                         "observed tokens per second (draft_service.skip_climb; SWIFT), "
                         "e.g. 12,25,3 or @FILE (specdec tune-skip writes <study>.order); "
                         "default: off")
-    p.add_argument("--skip-max", type=int, default=-1,
+    p.add_argument("--skip-max", type=int, default=d.skip_max,
                    help="with --skip-on-the-fly: skip at most this many layers (default: "
                         "the whole list)")
-    p.add_argument("--skip-window", type=int, default=16,
+    p.add_argument("--skip-window", type=int, default=d.skip_window,
                    help="with --skip-on-the-fly: rounds between decisions; each decision "
                         "moves m by at most one (default: %(default)s)")
-    p.add_argument("--head-vocab", type=head_vocab_arg, default=0, metavar="N",
+    p.add_argument("--head-vocab", type=head_vocab_arg, default=d.head_vocab, metavar="N",
                    help="FR-Spec (Zhao et al. 2025): serve the draft with an LM head of only "
                         "the N tokens the model generates most (ranked on its own answers "
                         "to a fixed prompt set), a cheaper output layer; tokens outside it "

@@ -22,7 +22,7 @@ def parser() -> argparse.ArgumentParser:
         description="specdec target service: verifies K drafted tokens in one forward pass "
                     "(gRPC specdec.v1.TargetService).",
     )
-    add_model_service_flags(p, DEFAULT_PORT)
+    add_model_service_flags(p, TargetConfig().port)
     add_server_tls_flags(p)
     return p
 
