@@ -164,3 +164,31 @@ def test_a_long_prompt_is_prefilled_over_several_steps(engines):
         base.close()
     assert fast.token_ids == plain.token_ids
     assert len(target.calls) == 2 + fast.stats.rounds  # two chunks before round 1
+
+
+@pytest.mark.parametrize("pipeline", [True, False], ids=["pipelined", "sequential"])
+def test_every_item_s_bytes_are_counted_once(engines, pipeline):
+    """A generation's bytes_sent / bytes_received are its items' serialized sizes over
+    every Propose and Verify it made: pre-drafts, drafts fetched before a Verify (every
+    round's when sequential), and Verifies."""
+    draft, target = DraftInProcess(engines[0]), TargetInProcess(engines[1])
+    sizes = {"sent": 0, "received": 0}
+
+    def counting(batch):
+        def call(items):
+            done = batch(items)
+            sizes["sent"] += sum(i.ByteSize() for i in items)
+            sizes["received"] += sum(o.ByteSize() for o in done.outcomes(None)
+                                     if not isinstance(o, ItemFailure))
+            return done
+        return call
+
+    draft.propose_batch = counting(draft.propose_batch)
+    target.verify_batch = counting(target.verify_batch)
+    loop = SpeculativeLoop(draft, target, LoopPolicy(pipeline=pipeline, drafter="model"))
+    try:
+        stats = loop.generate(PROMPTS[0], 24, GREEDY, 4).stats
+    finally:
+        loop.close()
+    assert stats.drafted_tokens > 0
+    assert (stats.bytes_sent, stats.bytes_received) == (sizes["sent"], sizes["received"])
