@@ -215,7 +215,7 @@ def run(args: argparse.Namespace) -> int:
     hf = prepare_smollm2()
     target_ir, draft_ir = export(hf, "fp32", say=say), export(hf, "int8", say=say)
     pair = pairs.DEFAULT_PAIR.with_models(args.model, args.model).with_threads(1)
-    pair = pairs.Pair(pair.name, pair.target.with_(precision="f32"), pair.draft)
+    pair = pairs.Pair(pair.name, pair.target.with_(inference_precision="f32"), pair.draft)
     failed: dict[str, str] = {}
     with ExitStack() as stack:
         say("== starting target and draft services (pinned)")

@@ -116,7 +116,7 @@ def sizing(size: Size = FULL) -> dict:
     hf = prepare_smollm2()
     export(hf, "fp32"), export(hf, "int8")
     pair = pairs.DEFAULT_PAIR.with_threads(1)
-    pair = pairs.Pair(pair.name, pair.target.with_(precision="f32"), pair.draft)
+    pair = pairs.Pair(pair.name, pair.target.with_(inference_precision="f32"), pair.draft)
     with ExitStack() as stack:
         running = pairs.start(pair, stack, pin=True)
         target, draft = running.target.address, running.draft.address
