@@ -1,5 +1,5 @@
-"""The `specdec` command: the library's commands (prepare, certs, generate, up, demo),
-and the tooling's (benchmarks, the soak, scale-out, tuning) where that is installed."""
+"""The `specdec` command: the library's commands (prepare, certs, generate, up), and the
+tooling's (the demo, benchmarks, the soak, scale-out, tuning) where that is installed."""
 
 from __future__ import annotations
 

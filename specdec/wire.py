@@ -7,6 +7,7 @@ import torch
 from specdec import contrastive
 from specdec.client.request import FORMULATIONS
 from specdec.errors import InvalidArgument, require
+from specdec.messages import message_fields
 from specdec.propose import ProposeOptions
 from specdec.runtime.cached_model import ServiceInfo
 from specdec.sampling import SamplingParams
@@ -14,17 +15,11 @@ from specdec.v1 import common_pb2
 from specdec.verify import SparseQ
 
 
-def propose_options_to_proto(options: ProposeOptions) -> dict:
-    """ProposeRequest's fields for `options` (by name; None leaves an optional unset)."""
-    return {name: value for name, value in vars(options).items() if value is not None}
-
-
 def propose_options_from_proto(msg) -> ProposeOptions:
-    """The options a ProposeRequest carries; an unset optional field is None."""
-    fields = msg.DESCRIPTOR.fields_by_name
-    return ProposeOptions(**{
-        name: getattr(msg, name) if not fields[name].has_presence or msg.HasField(name)
-        else None for name in vars(ProposeOptions())})
+    """The options a ProposeRequest carries (by field name; an unset optional is None).
+    The other way is specdec.messages.message_from(ProposeRequest, options, ...)."""
+    names = vars(ProposeOptions())
+    return ProposeOptions(**{k: v for k, v in message_fields(msg).items() if k in names})
 
 
 def sampling_from_proto(msg: common_pb2.SamplingParams) -> SamplingParams:

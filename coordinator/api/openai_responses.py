@@ -12,7 +12,7 @@ import secrets
 import time
 
 from coordinator.api.openai_api import FINISH_REASONS, KIND_NAMES
-from specdec.client.convert import message_fields
+from specdec.messages import message_fields
 from specdec.v1 import generate_pb2
 
 CHAT, COMPLETION = "chat", "completion"

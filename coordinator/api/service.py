@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from coordinator.api.text import IncrementalDetokenizer, TextStream
 from coordinator.loop import LoopStats, SpeculativeLoop
 from specdec import wire
-from specdec.client.convert import stats_message
 from specdec.contrastive import ContrastiveParams
 from specdec.errors import (
     DeadlineExceeded,
@@ -26,6 +25,7 @@ from specdec.errors import (
     ResourceExhausted,
     require,
 )
+from specdec.messages import message_from
 from specdec.sampling import SamplingParams
 from specdec.v1 import generate_pb2
 
@@ -245,12 +245,12 @@ class GenerationService:
         return resp
 
     def _stats(self, plan: Plan, generated: int, s: LoopStats) -> generate_pb2.GenerationStats:
-        """The wire's stats, field by field from the loop's (specdec.client.convert); who
-        served it only with --expose-replicas."""
+        """The wire's stats, field by field from the loop's (specdec.messages); who served
+        it only with --expose-replicas."""
         hidden = {} if self.expose_replicas else {"draft_replicas": (), "target_replicas": ()}
-        stats = stats_message(s, prompt_tokens=len(plan.prompt_ids), generated_tokens=generated,
-                              seconds=s.seconds if math.isfinite(s.seconds) else 0.0,
-                              **hidden)
+        stats = message_from(generate_pb2.GenerationStats, s,
+                             prompt_tokens=len(plan.prompt_ids), generated_tokens=generated,
+                             seconds=s.seconds if math.isfinite(s.seconds) else 0.0, **hidden)
         if self.expose_replicas:
             stats.coordinator_replica, stats.coordinator_node = self.served_by
         return stats

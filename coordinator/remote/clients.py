@@ -18,6 +18,7 @@ import torch
 
 from specdec import wire
 from specdec.contrastive import ContrastiveParams, Head
+from specdec.messages import message_from
 from specdec.propose import ProposeOptions
 from specdec.sampling import SamplingParams
 from specdec.sync import SyncRequest
@@ -321,10 +322,10 @@ def target_round_of(resp: target_pb2.VerifyResponse) -> TargetRound:
 
 def propose_request(sync: SyncRequest, sampling: SamplingParams,
                     options: ProposeOptions) -> draft_pb2.ProposeRequest:
-    return draft_pb2.ProposeRequest(
-        session_id=sync.session_id, keep_len=sync.keep_len, keep_digest=sync.keep_digest,
-        new_tokens=sync.new_tokens, sampling=wire.sampling_to_proto(sampling),
-        **wire.propose_options_to_proto(options))
+    return message_from(
+        draft_pb2.ProposeRequest, options, session_id=sync.session_id,
+        keep_len=sync.keep_len, keep_digest=sync.keep_digest, new_tokens=sync.new_tokens,
+        sampling=wire.sampling_to_proto(sampling))
 
 
 def verify_request(sync: SyncRequest, drafts: list[int],

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import fields
 
 from specdec.client.types import Chunk, Completion, Stats, TokenKind
+from specdec.messages import message_fields, message_from
 from specdec.v1 import generate_pb2
 
 _KINDS = {kind.value: kind for kind in TokenKind}
@@ -21,25 +22,6 @@ def kind_from_proto(value: int) -> TokenKind:
         return _KINDS[value]
     except KeyError:
         raise ValueError(f"unknown token kind {value} from the server") from None
-
-
-def message_fields(msg) -> dict:
-    """Every field of a wire message by name, repeated ones as tuples: the message type is
-    the schema, and conversions to and from it are derived from its fields."""
-    out = {}
-    for f in msg.DESCRIPTOR.fields:
-        value = getattr(msg, f.name)
-        out[f.name] = tuple(value) if hasattr(value, "extend") else value
-    return out
-
-
-def stats_message(source, **given) -> generate_pb2.GenerationStats:
-    """GenerationStats from `source`'s attributes named like its fields (the coordinator's
-    LoopStats, the client's Stats); `given` values win, and a field `source` lacks stays
-    unset. One schema, the wire's: a field added there reaches every side by name."""
-    schema = generate_pb2.GenerationStats.DESCRIPTOR.fields
-    values = {f.name: getattr(source, f.name) for f in schema if hasattr(source, f.name)}
-    return generate_pb2.GenerationStats(**{**values, **given})
 
 
 def stats_from_proto(msg: generate_pb2.GenerationStats) -> Stats:
@@ -64,7 +46,7 @@ def completion_from_proto(msg: generate_pb2.GenerateResponse) -> Completion:
 
 
 def stats_to_proto(stats: Stats) -> generate_pb2.GenerationStats:
-    return stats_message(stats)
+    return message_from(generate_pb2.GenerationStats, stats)
 
 
 def chunk_to_proto(chunk: Chunk) -> generate_pb2.GenerateChunk:

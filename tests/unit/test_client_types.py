@@ -208,8 +208,9 @@ def test_one_stats_schema_the_wire_s():
     from dataclasses import fields
 
     from coordinator.record import LoopStats
-    from specdec.client.convert import stats_from_proto, stats_message, stats_to_proto
+    from specdec.client.convert import stats_from_proto, stats_to_proto
     from specdec.client.types import Stats
+    from specdec.messages import message_from
     from specdec.v1 import generate_pb2
 
     wire = [f.name for f in generate_pb2.GenerationStats.DESCRIPTOR.fields]
@@ -226,5 +227,5 @@ def test_one_stats_schema_the_wire_s():
             setattr(msg, f.name, str(i) if f.type == f.TYPE_STRING else i)
     assert stats_to_proto(stats_from_proto(msg)) == msg
     loop = LoopStats(pipelined_rounds=3, k_per_round=[2, 0])
-    made = stats_message(loop, prompt_tokens=5)
+    made = message_from(generate_pb2.GenerationStats, loop, prompt_tokens=5)
     assert (made.pipelined_rounds, list(made.k_per_round), made.prompt_tokens) == (3, [2, 0], 5)
