@@ -36,13 +36,17 @@ class ServiceSpec:
     def module(self) -> str:
         return f"{self.role}_service"
 
+    def _model_settings(self) -> dict:
+        """What the service computes with, where set: backend, weights, precision."""
+        return {name: value for name, value in (
+            ("backend", self.backend), ("weights", self.weights),
+            ("inference_precision", self.inference_precision)) if value}
+
     def model_flags(self) -> list[str]:
         """What the service computes with: backend, weights, precision and the extras."""
         from specdec.service_config import command_line
 
-        return command_line({name: value for name, value in (
-            ("backend", self.backend), ("weights", self.weights),
-            ("inference_precision", self.inference_precision)) if value}) + list(self.extra)
+        return command_line(self._model_settings()) + list(self.extra)
 
     def args(self, port: int = 0, cpus: str | int | None = None) -> list[str]:
         """The service's command line (after `python -m <module>`)."""
@@ -53,7 +57,7 @@ class ServiceSpec:
             settings["threads"] = self.threads
         if cpus is not None and cpus != "":
             settings["cpus"] = cpus
-        return command_line(settings) + self.model_flags()
+        return command_line({**settings, **self._model_settings()}) + list(self.extra)
 
     def with_(self, **changes) -> ServiceSpec:
         return replace(self, **changes)

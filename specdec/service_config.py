@@ -8,6 +8,7 @@ target_service.config)."""
 from __future__ import annotations
 
 import argparse
+import functools
 from dataclasses import dataclass
 
 # Continuous batching: most tokens fed in one forward pass (--max-batch-tokens).
@@ -163,12 +164,18 @@ def add_model_service_flags(p: argparse.ArgumentParser, default_port: int,
                    choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="(default: %(default)s)")
 
 
+@functools.cache
+def _flag_actions() -> dict[str, argparse.Action]:
+    """add_model_service_flags' flags by the field each sets."""
+    p = argparse.ArgumentParser(add_help=False)
+    add_model_service_flags(p, 0)
+    return {a.dest: a for a in p._actions}
+
+
 def command_line(settings: dict) -> list[str]:
     """The flags that set these ModelServiceConfig fields ({field: value}), spelled as
     add_model_service_flags defines them; ValueError for a name that is not a field."""
-    p = argparse.ArgumentParser(add_help=False)
-    add_model_service_flags(p, 0)
-    actions = {a.dest: a for a in p._actions}
+    actions = _flag_actions()
     out: list[str] = []
     for name, value in settings.items():
         action = actions.get(name)
