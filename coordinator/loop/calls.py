@@ -71,8 +71,7 @@ def fetch(gens: list, ks: list[int], guess: bool = False) -> tuple[float, list]:
         for (gen, pre), outcome in zip(group, call.outcomes(None), strict=True):
             gen.record.rpc("propose", call.seconds)
             if not isinstance(outcome, ItemFailure):  # counted as a pre-draft's reply is
-                gen.meter.sent += pre.request.ByteSize()
-                gen.meter.received += outcome.ByteSize()
+                gen.meter.count(pre.request, outcome)
             gen.drafter.fetched(outcome)
             answers.append((pre.request, outcome))
         longest = max(longest, call.seconds)

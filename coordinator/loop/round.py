@@ -66,8 +66,7 @@ class Round:
         link = self.gen.target
         link.router.mark_ok(link.replica)
         link.view.served(self.sent, response.cached_len)
-        self.gen.meter.sent += self.request.ByteSize()
-        self.gen.meter.received += response.ByteSize()
+        self.gen.meter.count(self.request, response)
         self.verdict = target_round_of(response)
 
     def repair(self, failure: ItemFailure, tried: list[str]) -> bool:
@@ -102,8 +101,7 @@ class Round:
         self.reply = reply
         self.gen.record.rpc("propose", seconds)
         if not isinstance(reply, ItemFailure):
-            self.gen.meter.sent += self.predraft.request.ByteSize()
-            self.gen.meter.received += reply.ByteSize()
+            self.gen.meter.count(self.predraft.request, reply)
 
 
 def trim(drafts: Drafts, n: int) -> Drafts:

@@ -88,11 +88,18 @@ class WireBytes:
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def add(self, request, response, started: float) -> None:
+        """One call, timed from `started`: counted and kept among the recent calls."""
         call = Call(request.ByteSize(), response.ByteSize(), time.perf_counter() - started)
         with self._lock:
             self.recent.append(call)
             self.sent += call.request_bytes
             self.received += call.reply_bytes
+
+    def count(self, request, response) -> None:
+        """One exchange's bytes, counted in the totals only (an item of a batch call)."""
+        with self._lock:
+            self.sent += request.ByteSize()
+            self.received += response.ByteSize()
 
 
 class Cancel:
