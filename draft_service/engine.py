@@ -23,6 +23,7 @@ from draft_service.amateur import Amateur, ScoreArgs, ScoreResult
 from draft_service.state import DraftState
 from specdec import coupling
 from specdec.errors import Cancelled, require
+from specdec.penalties import penalise
 from specdec.propose import ProposeOptions
 from specdec.runtime.cached_model import CachedModel, ServiceInfo
 from specdec.sampling import (
@@ -89,6 +90,9 @@ class DraftEngine:
         require(0.0 <= args.exit_below <= 1.0,
                 f"exit_below must be in [0, 1] (0 = off), got {args.exit_below}")
         require(0.0 <= args.min_p <= 1.0, f"min_p must be in [0, 1] (0 = off), got {args.min_p}")
+        if args.sampling.logit_bias:
+            self.model.check_tokens([t for t, _ in args.sampling.logit_bias],
+                                    "sampling.logit_bias (its keys)")
         # The cache will hold the new tokens and K - 1 drafts.
         self.model.check_sync(args, extra_positions=k - 1)
         return args.top_n or self.default_top_n, args.top_mass or self.default_top_mass
@@ -207,6 +211,9 @@ class DraftEngine:
         for i in range(k):
             if args.keep_logits:
                 s.state.keep_rows(s.cached_len, [logits], self.amateur.max_rows)
+            # The target's penalties and bias, on q too (for acceptance; the target
+            # applies them to p at every position, which keeps it lossless).
+            logits = penalise(logits[None], params, s.tokens)[0]
             if params.greedy:
                 x = argmax(logits[None])[0]
                 confidence = float(torch.softmax(logits.float(), -1)[x]) \

@@ -3,11 +3,14 @@
 There is exactly one copy of this code: the draft's q and the target's p must come out
 of the same processing or speculative sampling stops being lossless.
 
-Order of processing (as in HF transformers and vLLM): temperature, then top-k, then
-top-p, then (draft only) sparse truncation to the most likely tokens holding `top_mass`
-of the mass, at most `top_n` of them, and quantisation of what is kept to integer counts
-(`quantise`), which the draft samples from (`sample_counts`) and sends.
-Greedy (temperature 0) is the one-hot distribution at the argmax of the raw logits.
+Order of processing (as in HF transformers): the logits processors of
+`specdec.penalties` (logit bias, repetition, presence and frequency penalties) on the
+raw logits, then temperature, top-k, top-p and min-p, then (draft only) sparse
+truncation to the most likely tokens holding `top_mass` of the mass, at most `top_n` of
+them, and quantisation of what is kept to integer counts (`quantise`), which the draft
+samples from (`sample_counts`) and sends. Greedy (temperature 0) is the one-hot
+distribution at the argmax of the penalised logits (temperature, top-k, top-p and min-p
+never move the argmax).
 """
 
 from __future__ import annotations
@@ -38,10 +41,23 @@ class SamplingParams:
     top_k: int = 0  # 0 = off
     top_p: float = 0.0  # 0 or 1 = off
     seed: int = 0
+    # The logits processors (specdec.penalties; their ranges: `validate`).
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0  # 1 = off
+    min_p: float = 0.0  # 0 = off
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias), ids ascending
+    prompt_len: int = 0  # the session's first prompt_len tokens are the prompt
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def penalised(self) -> bool:
+        """Whether any logits processor of specdec.penalties is on."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.logit_bias
+                    or self.repetition_penalty != 1.0)
 
     def validate(self) -> SamplingParams:
         """Raise InvalidArgument naming the first bad field; return self."""
@@ -53,11 +69,29 @@ class SamplingParams:
         require(math.isfinite(p) and 0.0 <= p <= 1.0,
                 f"sampling.top_p must be in [0, 1] (0 or 1 = off), got {p}")
         require(0 <= self.seed < 2**64, f"sampling.seed must fit in 64 bits, got {self.seed}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            v = getattr(self, name)
+            require(math.isfinite(v) and -2.0 <= v <= 2.0,
+                    f"sampling.{name} must be in [-2, 2] (0 = off), got {v}")
+        r = self.repetition_penalty
+        require(math.isfinite(r) and 0.0 < r <= 2.0,
+                f"sampling.repetition_penalty must be in (0, 2] (1 = off), got {r}")
+        m = self.min_p
+        require(math.isfinite(m) and 0.0 <= m <= 1.0,
+                f"sampling.min_p must be in [0, 1] (0 = off), got {m}")
+        for token, bias in self.logit_bias:
+            require(token >= 0, f"sampling.logit_bias: token ids must be >= 0, got {token}")
+            require(math.isfinite(bias) and -100.0 <= bias <= 100.0,
+                    f"sampling.logit_bias[{token}] must be in [-100, 100], got {bias}")
+        require(self.prompt_len >= 0,
+                f"sampling.prompt_len must be >= 0, got {self.prompt_len}")
         return self
 
 
 def process_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """Logits [..., V] -> float32 probabilities [..., V] after temperature/top-k/top-p."""
+    """Logits [..., V] -> float32 probabilities [..., V] after temperature, top-k, top-p
+    and min-p (the logits processors of specdec.penalties come first, by the caller,
+    who knows the tokens before each row)."""
     logits = logits.float()
     if params.greedy:
         one_hot = torch.zeros_like(logits)
@@ -76,6 +110,9 @@ def process_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor
         drop_sorted = mass_before >= params.top_p  # never drops the most likely token
         drop = torch.zeros_like(drop_sorted).scatter_(-1, order, drop_sorted)
         probs = probs.masked_fill(drop, 0.0)
+        probs = probs / probs.sum(-1, keepdim=True)
+    if params.min_p > 0.0:  # keeps the most likely token at least
+        probs = probs.masked_fill(probs < params.min_p * probs.amax(-1, keepdim=True), 0.0)
         probs = probs / probs.sum(-1, keepdim=True)
     return probs
 

@@ -73,6 +73,10 @@ class TargetRound:
     pass_sessions: int = 0
     pass_tokens: int = 0
     pass_seconds: float = 0.0
+    # Asked for (VerifyRequest.logprobs): specdec.logprobs.TokenLogprobs per position,
+    # [x_i, recovered_i] then [bonus]; and those of the fed committed tokens.
+    logprobs: list | None = None
+    prompt_logprobs: list | None = None
 
 
 @dataclass(frozen=True)

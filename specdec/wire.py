@@ -7,6 +7,7 @@ import torch
 from specdec import contrastive
 from specdec.client.request import FORMULATIONS
 from specdec.errors import InvalidArgument, require
+from specdec.logprobs import TokenLogprobs
 from specdec.messages import message_fields
 from specdec.propose import ProposeOptions
 from specdec.runtime.cached_model import ServiceInfo
@@ -23,12 +24,31 @@ def propose_options_from_proto(msg) -> ProposeOptions:
 
 
 def sampling_from_proto(msg: common_pb2.SamplingParams) -> SamplingParams:
-    return SamplingParams(msg.temperature, msg.top_k, msg.top_p, msg.seed)
+    """Unchecked (SamplingParams.validate); repetition_penalty 0 (unset) is 1 (off)."""
+    return SamplingParams(msg.temperature, msg.top_k, msg.top_p, msg.seed,
+                          msg.presence_penalty, msg.frequency_penalty,
+                          msg.repetition_penalty or 1.0, msg.min_p,
+                          tuple(sorted(msg.logit_bias.items())), msg.prompt_len)
 
 
 def sampling_to_proto(params: SamplingParams) -> common_pb2.SamplingParams:
-    return common_pb2.SamplingParams(temperature=params.temperature, top_k=params.top_k,
-                                     top_p=params.top_p, seed=params.seed)
+    return common_pb2.SamplingParams(
+        temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
+        seed=params.seed, presence_penalty=params.presence_penalty,
+        frequency_penalty=params.frequency_penalty,
+        repetition_penalty=0.0 if params.repetition_penalty == 1.0
+        else params.repetition_penalty, min_p=params.min_p,
+        logit_bias=dict(params.logit_bias), prompt_len=params.prompt_len)
+
+
+def logprobs_to_proto(entry: TokenLogprobs) -> common_pb2.TokenLogprobs:
+    return common_pb2.TokenLogprobs(token_ids=entry.token_ids, logprobs=entry.logprobs,
+                                    top_ids=entry.top_ids, top_logprobs=entry.top_logprobs)
+
+
+def logprobs_from_proto(msg: common_pb2.TokenLogprobs) -> TokenLogprobs:
+    return TokenLogprobs(tuple(msg.token_ids), tuple(msg.logprobs), tuple(msg.top_ids),
+                         tuple(msg.top_logprobs))
 
 
 def info_to_proto(info: ServiceInfo) -> common_pb2.ModelInfo:

@@ -18,6 +18,8 @@ import torch
 from specdec import coupling
 from specdec.contrastive import ContrastiveParams, Head, head
 from specdec.errors import Cancelled, require
+from specdec.logprobs import MAX_TOP_LOGPROBS, logprobs_of
+from specdec.penalties import penalise
 from specdec.runtime.batching import Pass
 from specdec.runtime.cached_model import CachedModel, ServiceInfo
 from specdec.sampling import Q_TOTAL, SamplingParams, generator, process_logits
@@ -36,6 +38,14 @@ class VerifyArgs(SyncRequest):
     # Contrastive decoding: return V_head with the expert's values at the K+1 positions
     # (specdec.contrastive.head) instead of a round; draft_dists must then be empty.
     contrastive: ContrastiveParams | None = None
+    logprobs: int | None = None  # the raw model's log-probabilities, with this many top
+    prompt_logprobs: bool = False  # ... also of the fed committed tokens
+
+    @property
+    def rows(self) -> int:
+        """The positions whose logits the request needs: the K+1 of the round, or with
+        prompt_logprobs every fed one."""
+        return len(self.new_tokens) if self.prompt_logprobs else self.num_draft + 1
 
 
 @dataclass
@@ -91,8 +101,20 @@ class TargetEngine:
         require(args.bonus_seed is None or not args.sampling.greedy,
                 "bonus_seed is for sampled rounds; leave it unset when greedy")
         self.model.check_sync(args)
+        if args.logprobs is not None:
+            require(0 <= args.logprobs <= MAX_TOP_LOGPROBS,
+                    f"logprobs must be in [0, {MAX_TOP_LOGPROBS}] (the top tokens per "
+                    f"position; unset = none), got {args.logprobs}")
+        require(not args.prompt_logprobs or args.logprobs is not None,
+                "prompt_logprobs needs logprobs (how many top tokens, 0 or more)")
+        if args.sampling.logit_bias:
+            self.model.check_tokens([t for t, _ in args.sampling.logit_bias],
+                                    "sampling.logit_bias (its keys)")
         drafts = args.new_tokens[len(args.new_tokens) - k:] if k else []
         if args.contrastive is not None:
+            require(args.logprobs is None and not args.sampling.penalised,
+                    "logprobs, penalties and logit_bias are for speculative rounds, not "
+                    "contrastive ones")
             args.contrastive.validate()
             require(not args.draft_dists,
                     "draft_dists must be empty with contrastive: the coordinator verifies "
@@ -124,7 +146,7 @@ class TargetEngine:
                 # A target-only round's next Verify follows within milliseconds (the
                 # coordinator needs nothing else first), so the scheduler may keep it in
                 # the same pass as its peers; a speculative round's waits on the draft.
-                logits = self.model.sync(s, args, keep_last=k + 1, more=k == 0,
+                logits = self.model.sync(s, args, keep_last=args.rows, more=k == 0,
                                          cancelled=cancelled)
             except Cancelled:
                 logits = None  # nothing was fed: the session is put back as kept
@@ -160,7 +182,7 @@ class TargetEngine:
                     self.model.crop(s, args.keep_len)
                     held.append((i, args, draft_q, s))
                 fed = self.model.feed_many(
-                    [(s, args.new_tokens, args.num_draft + 1) for _, args, _, s in held],
+                    [(s, args.new_tokens, args.rows) for _, args, _, s in held],
                     cancelled)
             except BaseException:
                 for _, _, _, s in held:
@@ -189,16 +211,29 @@ class TargetEngine:
         if args.contrastive is not None:
             heads = [head(row, args.contrastive) for row in logits]
             return VerifyResult(TargetRound([], [], 0), s.cached_len, ran_in, heads)
-        if args.sampling.greedy:
-            result = greedy_round(logits, drafts)
+        fed = args.new_tokens
+        prompt_rows, logits = logits[:len(logits) - k - 1], logits[len(logits) - k - 1:]
+        # Every position's penalties count the tokens before it, drafts included
+        # (specdec.penalties): the distribution target-only decoding would use there.
+        params = args.sampling
+        processed = penalise(logits, params, s.tokens[:len(s.tokens) - k], drafts)
+        if params.greedy:
+            result = greedy_round(processed, drafts)
         else:
-            p = process_logits(logits, args.sampling)
+            p = process_logits(processed, params)
             result = target_round(p, drafts, draft_q, generator(args.round_seed, "verify"))
             if args.bonus_seed is not None:
                 # Gumbel-max with the seed's noise: an exact draw from p_{K+1}, coupled
                 # with the draft's guess at it (the recovered draws are unchanged).
                 bonus = coupling.draw(torch.arange(p.shape[1]), p[k], args.bonus_seed)
                 result = replace(result, bonus_token=bonus)
+        if args.logprobs is not None:
+            asked = [[x, r] for x, r in zip(drafts, result.recovered_tokens, strict=True)]
+            result = replace(result, logprobs=logprobs_of(
+                logits, asked + [[result.bonus_token]], args.logprobs))
+            if args.prompt_logprobs:  # row t scores the fed token after it
+                result = replace(result, prompt_logprobs=logprobs_of(
+                    prompt_rows, [[t] for t in fed[1:len(fed) - k]], args.logprobs))
         return VerifyResult(result, s.cached_len, ran_in)
 
     def release(self, session_id: str) -> bool:

@@ -44,6 +44,8 @@ def verify_args(request: target_pb2.VerifyRequest) -> VerifyArgs:
         bonus_seed=request.bonus_seed if request.HasField("bonus_seed") else None,
         contrastive=wire.contrastive_from_proto(request.contrastive)
         if request.HasField("contrastive") else None,
+        logprobs=request.logprobs if request.HasField("logprobs") else None,
+        prompt_logprobs=request.prompt_logprobs,
     )
 
 
@@ -53,6 +55,9 @@ def verify_response(result: VerifyResult) -> target_pb2.VerifyResponse:
         target_probs=r.target_probs, recovered_tokens=r.recovered_tokens,
         bonus_token=r.bonus_token, cached_len=result.cached_len,
     )
+    response.logprobs.extend(wire.logprobs_to_proto(e) for e in r.logprobs or ())
+    response.prompt_logprobs.extend(wire.logprobs_to_proto(e)
+                                    for e in r.prompt_logprobs or ())
     for h in result.heads or ():
         response.heads.add(token_ids=h.token_ids.tolist(), values=h.values.tolist())
     if ran_in is not None:

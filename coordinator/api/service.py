@@ -12,7 +12,7 @@ import math
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from coordinator.api.text import IncrementalDetokenizer, TextStream
 from coordinator.loop import LoopStats, SpeculativeLoop
@@ -25,6 +25,7 @@ from specdec.errors import (
     ResourceExhausted,
     require,
 )
+from specdec.logprobs import MAX_TOP_LOGPROBS
 from specdec.messages import message_from
 from specdec.sampling import SamplingParams
 from specdec.v1 import generate_pb2
@@ -67,6 +68,8 @@ class Plan:
     stop: list[str]
     k_from_server: bool = False  # the request left K to the server (load-aware K may move it)
     contrastive: ContrastiveParams | None = None  # contrastive decoding (None: speculative)
+    logprobs: int | None = None  # each token's raw log-probability, with this many top
+    prompt_logprobs: bool = False  # ... and the prompt's
 
 
 class GenerationService:
@@ -93,10 +96,20 @@ class GenerationService:
         given = [bool(req.prompt), len(req.messages) > 0, len(req.prompt_token_ids) > 0]
         require(sum(given) == 1, "give exactly one of prompt, messages or prompt_token_ids "
                                  f"(got {sum(given)})")
-        require(1 <= req.max_new_tokens <= lim.max_new_tokens_cap,
-                f"max_new_tokens must be in [1, {lim.max_new_tokens_cap}], "
-                f"got {req.max_new_tokens}")
+        least = 0 if req.prompt_logprobs else 1  # 0: score the prompt only
+        require(least <= req.max_new_tokens <= lim.max_new_tokens_cap,
+                f"max_new_tokens must be in [{least}, {lim.max_new_tokens_cap}] (0 only "
+                f"with prompt_logprobs), got {req.max_new_tokens}")
+        logprobs = req.logprobs if req.HasField("logprobs") else None
+        require(logprobs is None or 0 <= logprobs <= MAX_TOP_LOGPROBS,
+                f"logprobs must be in [0, {MAX_TOP_LOGPROBS}] (the alternatives per token; "
+                f"unset = none), got {logprobs}")
+        require(not req.prompt_logprobs or logprobs is not None,
+                "prompt_logprobs needs logprobs (0 or more alternatives per token)")
         sampling = wire.sampling_from_proto(req.sampling).validate()
+        bad = [t for t, _ in sampling.logit_bias if t >= lim.vocab_size]
+        require(not bad, f"sampling.logit_bias keys must be token ids in [0, "
+                         f"{lim.vocab_size}), got {bad[:5]}")
         k = req.num_draft_tokens if req.HasField("num_draft_tokens") else lim.default_k
         if not req.HasField("num_draft_tokens"):
             k = min(k, lim.max_draft_tokens)
@@ -108,6 +121,9 @@ class GenerationService:
         require(all(len(s) <= MAX_STOP_CHARS for s in req.stop),
                 f"stop strings must be at most {MAX_STOP_CHARS} characters")
         contrastive = self._contrastive(req, sampling)
+        require(contrastive is None or (logprobs is None and not sampling.penalised),
+                "decoding = CONTRASTIVE takes no logprobs, penalties or logit_bias: they "
+                "are the target's distribution's, and contrastive decoding samples another")
         ids = self._prompt_ids(req)
         require(len(ids) >= 1, "the prompt encodes to no tokens")
         room = lim.max_context - len(ids)
@@ -115,9 +131,10 @@ class GenerationService:
             raise InvalidArgument(
                 f"prompt is {len(ids)} tokens; the model's context is {lim.max_context} "
                 "and leaves no room to generate: shorten the prompt")
-        return Plan(ids, min(req.max_new_tokens, room), sampling, k, list(req.stop),
-                    k_from_server=not req.HasField("num_draft_tokens"),
-                    contrastive=contrastive)
+        return Plan(ids, min(req.max_new_tokens, room), replace(sampling, prompt_len=len(ids)),
+                    k, list(req.stop), k_from_server=not req.HasField("num_draft_tokens"),
+                    contrastive=contrastive, logprobs=logprobs,
+                    prompt_logprobs=req.prompt_logprobs)
 
     def _contrastive(self, req, sampling: SamplingParams) -> ContrastiveParams | None:
         """The contrastive parameters of a CONTRASTIVE request (None for SPECULATIVE)."""
@@ -192,7 +209,9 @@ class GenerationService:
         text = TextStream(plan.stop)
         rounds = self.loop.rounds(plan.prompt_ids, plan.max_new_tokens, plan.sampling, plan.k,
                                   self.eos_token_ids, stats, load_aware=plan.k_from_server,
-                                  contrastive=plan.contrastive, tenant=tenant)
+                                  contrastive=plan.contrastive, tenant=tenant,
+                                  logprobs=plan.logprobs,
+                                  prompt_logprobs=plan.prompt_logprobs)
         generated = 0
         reason = "length"
         try:
@@ -228,6 +247,12 @@ class GenerationService:
                                                    token_ids=out.tokens[:kept],
                                                    kinds=[int(k) for k in out.kinds[:kept]],
                                                    token_texts=pieces)
+                if out.logprobs is not None:
+                    chunk.logprobs.extend(map(wire.logprobs_to_proto, out.logprobs[:kept]))
+                if out.prompt_logprobs is not None:
+                    chunk.prompt_token_ids.extend(plan.prompt_ids)
+                    chunk.prompt_logprobs.extend(map(wire.logprobs_to_proto,
+                                                     out.prompt_logprobs))
                 if done:
                     rounds.close()  # frees the sessions now; a pre-draft in flight counts
                     chunk.finish_reason = reason
@@ -262,6 +287,9 @@ def add_chunk(resp: generate_pb2.GenerateResponse, chunk: generate_pb2.GenerateC
     resp.token_ids.extend(chunk.token_ids)
     resp.kinds.extend(chunk.kinds)
     resp.token_texts.extend(chunk.token_texts)
+    resp.logprobs.extend(chunk.logprobs)
+    resp.prompt_logprobs.extend(chunk.prompt_logprobs)
+    resp.prompt_token_ids.extend(chunk.prompt_token_ids)
     if chunk.finish_reason:
         resp.finish_reason = chunk.finish_reason
         resp.stats.CopyFrom(chunk.stats)

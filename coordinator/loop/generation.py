@@ -51,9 +51,14 @@ class Generation:
     def __init__(self, shared: Shared, prompt: list[int], max_new_tokens: int,
                  sampling: SamplingParams, k: int, eos_token_ids=(),
                  stats: LoopStats | None = None, speculative: bool = True,
-                 tenant: str | None = None, fixed_k: bool = True):
+                 tenant: str | None = None, fixed_k: bool = True,
+                 logprobs: int | None = None, prompt_logprobs: bool = False):
         self.shared, self.sampling = shared, sampling
         self.committed = TokenPrefix(prompt)
+        self.logprobs = logprobs  # the raw model's log-probabilities, with this many top
+        # The prompt's, by position (1..len - 1), until every one is in.
+        self.prompt_len = len(prompt)
+        self.prompt_scores: dict[int, object] | None = {} if prompt_logprobs else None
         self.max_new_tokens, self.eos = max_new_tokens, set(eos_token_ids)
         self.k, self.tenant = k, tenant
         self.fixed_k = fixed_k  # K is the request's (else the planner's, at most k)
@@ -130,6 +135,30 @@ class Generation:
                 self.record.predraft_started()
         return r
 
+    # -- log-probabilities ---------------------------------------------------------------
+
+    def scoring_prompt(self, keep_len: int) -> bool:
+        """Whether a Verify that keeps keep_len positions asks for the prompt's
+        log-probabilities: some prompt position after keep_len has none yet."""
+        if self.prompt_scores is None:
+            return False
+        return any(i not in self.prompt_scores
+                   for i in range(max(1, keep_len + 1), self.prompt_len))
+
+    def scored_prompt(self, keep_len: int, entries: list | None) -> None:
+        """A Verify's prompt log-probabilities: entry t is position keep_len + 1 + t."""
+        for t, entry in enumerate(entries or ()):
+            if keep_len + 1 + t < self.prompt_len:
+                self.prompt_scores[keep_len + 1 + t] = entry
+
+    def _logprobs(self, r: Round, tokens: list[int]) -> list | None:
+        """Each emitted token's entry: the verdict's row i holds the i-th token of the
+        decision (an accepted x_i, the recovered token, or the bonus at row K)."""
+        rows = r.verdict.logprobs
+        if rows is None:
+            return None
+        return [rows[i].of(t) for i, t in enumerate(tokens)]
+
     def decide(self, r: Round) -> None:
         """Accept / resample against the verdict, commit and stream the tokens."""
         if r.partial:
@@ -154,7 +183,12 @@ class Generation:
             "length" if self.generated >= self.max_new_tokens else None)
         self.done = reason is not None
         self.record.stats.seconds = time.perf_counter() - self.started
-        r.output = RoundOutput(tokens, kinds, reason)
+        logprobs = self._logprobs(r, tokens)
+        prompt = None
+        if self.prompt_scores is not None:  # all in by the first decided round
+            prompt = [self.prompt_scores[i] for i in range(1, self.prompt_len)]
+            self.prompt_scores = None
+        r.output = RoundOutput(tokens, kinds, reason, logprobs, prompt)
 
     def observe(self, r: Round) -> None:
         """Tell the drafter how the round went (and give it its reply)."""

@@ -23,6 +23,10 @@ class RoundOutput:
     tokens: list[int]
     kinds: list[TokenKind]
     finish_reason: str | None  # set on the last round
+    # Asked for: specdec.logprobs.TokenLogprobs per token; the first round's also those
+    # of the prompt's tokens after the first.
+    logprobs: list | None = None
+    prompt_logprobs: list | None = None
 
 
 @dataclass
@@ -55,11 +59,13 @@ class Round:
         gen = self.gen
         prefix = TokenPrefix(self.sent) if self.partial else gen.committed
         drafts = [] if self.partial else list(self.drafts.tokens)
-        self.request = verify_request(gen.target.plan(prefix), drafts,
-                                      list(self.drafts.dists), gen.sampling,
+        sync = gen.target.plan(prefix)
+        self.request = verify_request(sync, drafts, list(self.drafts.dists), gen.sampling,
                                       0 if self.partial else self.round_seed,
                                       bonus_seed=None if self.partial
-                                      else gen.bonus_seed(self.index))
+                                      else gen.bonus_seed(self.index),
+                                      logprobs=gen.logprobs,
+                                      prompt_logprobs=gen.scoring_prompt(sync.keep_len))
 
     def verified(self, response) -> None:
         """The target's answer: its view follows, the verdict is kept."""
@@ -68,6 +74,10 @@ class Round:
         link.view.served(self.sent, response.cached_len)
         self.gen.meter.count(self.request, response)
         self.verdict = target_round_of(response)
+        if self.request.prompt_logprobs:
+            self.gen.scored_prompt(self.request.keep_len, self.verdict.prompt_logprobs)
+            if self.partial:  # the chunk's last row scores the next chunk's first token:
+                link.view.truncate(len(self.sent) - 1)  # the next chunk feeds it again
 
     def repair(self, failure: ItemFailure, tried: list[str]) -> bool:
         """Fix what made the Verify fail and re-plan it (True: send it again), or set the

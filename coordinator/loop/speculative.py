@@ -129,6 +129,7 @@ class SpeculativeLoop:
                num_draft_tokens: int, eos_token_ids: Sequence[int] = (),
                stats: LoopStats | None = None, load_aware: bool = False,
                contrastive: ContrastiveParams | None = None, tenant: str | None = None,
+               logprobs: int | None = None, prompt_logprobs: bool = False,
                ) -> Iterator[RoundOutput]:
         """Run a generation round by round. Closing the iterator early (a stop string,
         a cancelled client) releases both sessions at once. `load_aware`: K was left to
@@ -137,7 +138,8 @@ class SpeculativeLoop:
         `contrastive`: contrastive decoding (coordinator.loop.contrastive_round) with a fixed
         K (0 = the plain form); it needs the draft. `tenant`: whose recent outputs the
         look-up may draft from and add this output to (when the output cache is on);
-        None = neither."""
+        None = neither. `logprobs`: each token's raw log-probability and this many top
+        alternatives (RoundOutput.logprobs); `prompt_logprobs`: the prompt's too."""
         if contrastive is not None:
             yield from contrastive_rounds(self, prompt_ids, max_new_tokens, sampling,
                                           num_draft_tokens, eos_token_ids, stats,
@@ -147,7 +149,8 @@ class SpeculativeLoop:
         gen = Generation(self.shared, list(prompt_ids), max_new_tokens, sampling,
                          num_draft_tokens if speculative else 0, eos_token_ids, stats,
                          speculative, tenant if speculative else None,
-                         fixed_k=not (load_aware or self.policy.adaptive_k))
+                         fixed_k=not (load_aware or self.policy.adaptive_k),
+                         logprobs=logprobs, prompt_logprobs=prompt_logprobs)
         gen.record.started()
         self.engine.join(gen)
         try:

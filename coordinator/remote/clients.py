@@ -324,7 +324,9 @@ class TargetClient(_ModelServiceClient):
 def target_round_of(resp: target_pb2.VerifyResponse) -> TargetRound:
     return TargetRound(list(resp.target_probs), list(resp.recovered_tokens),
                        resp.bonus_token, resp.pass_sessions, resp.pass_tokens,
-                       resp.pass_seconds)
+                       resp.pass_seconds,
+                       [wire.logprobs_from_proto(e) for e in resp.logprobs] or None,
+                       [wire.logprobs_from_proto(e) for e in resp.prompt_logprobs] or None)
 
 
 def propose_request(sync: SyncRequest, sampling: SamplingParams,
@@ -338,12 +340,14 @@ def propose_request(sync: SyncRequest, sampling: SamplingParams,
 def verify_request(sync: SyncRequest, drafts: list[int],
                    draft_dists: list[common_pb2.SparseDist], sampling: SamplingParams,
                    round_seed: int, contrastive: ContrastiveParams | None = None,
-                   bonus_seed: int | None = None) -> target_pb2.VerifyRequest:
+                   bonus_seed: int | None = None, logprobs: int | None = None,
+                   prompt_logprobs: bool = False) -> target_pb2.VerifyRequest:
     req = target_pb2.VerifyRequest(
         session_id=sync.session_id, keep_len=sync.keep_len, keep_digest=sync.keep_digest,
         new_tokens=sync.new_tokens + drafts, num_draft=len(drafts),
         draft_dists=draft_dists, sampling=wire.sampling_to_proto(sampling),
-        round_seed=round_seed, bonus_seed=bonus_seed,
+        round_seed=round_seed, bonus_seed=bonus_seed, logprobs=logprobs,
+        prompt_logprobs=prompt_logprobs,
     )
     if contrastive is not None:
         req.contrastive.CopyFrom(wire.contrastive_to_proto(contrastive))

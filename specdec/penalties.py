@@ -1,0 +1,66 @@
+"""The logits processors that depend on the text so far: logit bias, the repetition
+penalty, and OpenAI's presence and frequency penalties. One copy, used by the target at
+every position it verifies and by the draft on each step's q (specdec.sampling).
+
+A penalised distribution is just the target distribution speculation must preserve. A
+position's penalty counts every token before it, the drafts before it included, so the
+target applies it row by row over a Verify's K+1 positions (`penalise`'s `drafts`):
+accepted drafts then meet exactly the distribution target-only decoding would have used
+at their place. The draft applying the same transform to q only raises acceptance.
+
+Applied on the raw logits, in this order (vLLM's: bias, then penalties):
+  logit_bias            logit[j] += bias[j]
+  repetition_penalty    (HF transformers' RepetitionPenaltyLogitsProcessor, vLLM's) for
+                        every token seen in the prompt or the output: logit / r when the
+                        logit is > 0, logit * r otherwise
+  presence, frequency   (OpenAI's formula) logit[j] -= c[j] * frequency + (c[j] > 0) *
+                        presence, c[j] the count of token j among the generated tokens
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from specdec.sampling import SamplingParams
+
+
+def penalise(logits: torch.Tensor, params: SamplingParams, context: Sequence[int],
+             drafts: Sequence[int] = ()) -> torch.Tensor:
+    """The processed logits [R, V] (float32) of R positions: row r follows `context`
+    then drafts[:r] (so R <= len(drafts) + 1). `context` is the whole sequence before
+    row 0, prompt first (its first params.prompt_len tokens). The input itself when no
+    processor is on."""
+    if not params.penalised:
+        return logits
+    out = logits.float().clone()
+    rows, vocab = out.shape
+    if params.logit_bias:
+        ids = torch.tensor([t for t, _ in params.logit_bias], dtype=torch.long)
+        bias = torch.tensor([b for _, b in params.logit_bias], dtype=torch.float32)
+        keep = ids < vocab  # a padded head may be wider than the vocabulary, not narrower
+        out[:, ids[keep]] += bias[keep]
+    if params.repetition_penalty == 1.0 and not (params.presence_penalty
+                                                 or params.frequency_penalty):
+        return out
+    history = torch.tensor(list(context), dtype=torch.long)
+    later = torch.tensor(list(drafts[:rows - 1]), dtype=torch.long)
+    # counts[r]: the generated tokens before row r (the drafts are all generated)
+    counts = torch.zeros(rows, vocab, dtype=torch.float32)
+    generated = history[params.prompt_len:]
+    if len(generated):
+        counts += torch.bincount(generated, minlength=vocab)[:vocab].float()
+    for r, token in enumerate(later.tolist(), start=1):
+        counts[r:, token] += 1.0
+    if params.repetition_penalty != 1.0:
+        seen = counts > 0
+        prompt = history[:params.prompt_len]
+        if len(prompt):
+            seen[:, prompt] = True
+        penalty = params.repetition_penalty
+        hit = torch.where(out > 0, out / penalty, out * penalty)
+        out = torch.where(seen, hit, out)
+    if params.frequency_penalty or params.presence_penalty:
+        out -= counts * params.frequency_penalty + (counts > 0) * params.presence_penalty
+    return out
