@@ -21,6 +21,11 @@ shorter length: no gather, no compaction, and the next tokens overwrite the dead
 entries. Each session's attention reads only its own blocks, so a session's logits do
 not depend on which others share the pass beyond float rounding in the shared matmuls
 (measured and tested: tests/runtime/test_batched_forward.py).
+
+Automatic prefix caching (`prefix_cache=True`, the default; specdec.runtime.prefix_cache):
+before a pass, each session is first given the cached full blocks that continue its
+prefix and fed only the rest; a block that is shared or indexed is copied before a pass
+writes into it (copy-on-write, every key_cache.N / value_cache.N row of it).
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ import torch
 
 from specdec.runtime.blocks import BlockPool, BlockTable
 from specdec.runtime.openvino_backend import OpenVINOBackend
+from specdec.runtime.prefix_cache import PrefixCache, PrefixCacheStats
 
 log = logging.getLogger(__name__)
 
@@ -76,8 +82,10 @@ class PagedOpenVINOBackend(OpenVINOBackend):
     kv_layout = "paged"
 
     def __init__(self, *args, initial_blocks: int = INITIAL_BLOCKS, max_blocks: int = 0,
-                 **kwargs):
+                 prefix_cache: bool = True, **kwargs):
+        """prefix_cache: reuse full KV blocks across sessions with the same prefix."""
         self._initial_blocks, self._max_blocks = initial_blocks, max_blocks
+        self._prefix_on = prefix_cache
         super().__init__(*args, **kwargs)
 
     def _compile(self, core, xml: Path, device: str, config: dict):
@@ -105,6 +113,7 @@ class PagedOpenVINOBackend(OpenVINOBackend):
         block_size = next(iter(shapes.values()))[0][1]
         self.pool = BlockPool(block_size, self._initial_blocks, self._max_blocks,
                               on_grow=self._grow)
+        self.prefix_cache = PrefixCache(self.pool) if self._prefix_on else None
         self._tensors: dict[str, object] = {}
         self._allocate(self._initial_blocks, copy_from=None)
         return compiled
@@ -131,6 +140,15 @@ class PagedOpenVINOBackend(OpenVINOBackend):
                  self.pool.block_size)
         self._allocate(new, copy_from=dict(self._tensors))
 
+    def _copy_block(self, src: int, dst: int) -> None:
+        for tensor in self._tensors.values():
+            tensor.data[dst] = tensor.data[src]
+
+    @property
+    def prefix_cache_stats(self) -> PrefixCacheStats | None:
+        """The prefix cache's counts; None when it is off."""
+        return None if self.prefix_cache is None else self.prefix_cache.stats()
+
     # -- the backend interface ---------------------------------------------------------
 
     def new_cache(self) -> BlockTable:
@@ -149,12 +167,36 @@ class PagedOpenVINOBackend(OpenVINOBackend):
     def forward_batch(self, items: list[tuple[BlockTable, list[int], int]]) -> list[torch.Tensor]:
         """Feed each session its tokens in one pass; logits [keep_last, V] per session.
 
-        Blocks are reserved for all sessions before the pass (a full pool raises before
-        anything is written); lengths move only after the pass succeeded, so a failed
-        pass leaves every session as it was.
+        Each session is first given the cached blocks that continue its prefix (never
+        a position whose logits are asked for) and fed the rest. Blocks are reserved,
+        and shared ones copied, for all sessions before the pass (a full pool raises
+        before anything is written); lengths move only after the pass succeeded: a
+        failed pass leaves every session holding what it held.
         """
-        for cache, tokens, _ in items:
-            cache.reserve(cache.length + len(tokens))
+        starts = [cache.length for cache, _, _ in items]
+        try:
+            feeds = []
+            for cache, tokens, keep_last in items:
+                served = 0 if self.prefix_cache is None else \
+                    self.prefix_cache.attach(cache, tokens, keep_last)
+                feeds.append((cache, tokens[served:], keep_last))
+            for cache, tokens, _ in feeds:
+                cache.reserve(cache.length + len(tokens))
+                cache.make_writable(cache.length, cache.length + len(tokens),
+                                    self._copy_block)
+            out = self._infer(feeds)
+        except BaseException:
+            for (cache, _, _), start in zip(items, starts, strict=True):
+                cache.crop(start)  # back before what the prefix cache attached
+            raise
+        for cache, tokens, _ in feeds:
+            cache.advance(tokens)
+            if self.prefix_cache is not None:
+                self.prefix_cache.commit(cache)
+        return out
+
+    def _infer(self, items: list[tuple[BlockTable, list[int], int]]) -> list[torch.Tensor]:
+        """One infer over the sessions' tokens (blocks reserved); logits per session."""
         ids, positions, past, begins, blocks, block_begins = [], [], [], [0], [], [0]
         for cache, tokens, _ in items:
             ids.extend(tokens)
@@ -181,9 +223,8 @@ class PagedOpenVINOBackend(OpenVINOBackend):
         })
         logits = self._request.get_tensor("logits").data  # [rows, 1, V or a head's N]
         out, row = [], 0
-        for (cache, tokens, keep_last), end in zip(items, begins[1:], strict=True):
+        for (_, _, keep_last), end in zip(items, begins[1:], strict=True):
             first = row if self._gathers else end - keep_last
             out.append(self._rows(logits[first:first + keep_last, 0]))
             row += keep_last
-            cache.length += len(tokens)
         return out
