@@ -22,6 +22,12 @@ Model services (`specdec_draft_*`; the target's are the same with `specdec_targe
   batch_sessions                     histogram  sessions (requests) per forward pass
   batch_tokens                       histogram  tokens per forward pass
   queue_wait_seconds                 histogram  a step's wait for its forward pass
+Paged OpenVINO with its prefix cache (`track_prefix_cache`; specdec.runtime.prefix_cache):
+  prefix_cache_lookups_total         counter    session passes that could be served blocks
+  prefix_cache_hits_total            counter    of them, those served at least one block
+  prefix_cache_hit_tokens_total      counter    fed tokens served from the cache (saved)
+  prefix_cache_blocks                gauge      KV blocks indexed now
+  prefix_cache_evictions_total       counter    indexed blocks reused for other contents
 Target only:
   specdec_target_inflight_verify_requests      gauge      Verify calls waiting on or running
                                                           in the model (the HPA's metric)
@@ -176,6 +182,11 @@ class PrometheusModelMetrics(_Exporter, ModelMetrics):
               "Bytes allocated to the KV cache's block pool (paged layouts; 0 otherwise).",
               registry=self.registry).set_function(pool_bytes)
 
+    def track_prefix_cache(self, stats) -> None:
+        """Report `stats()` (a PrefixCacheStats, or None: no prefix cache) as
+        specdec_<kind>_prefix_cache_*."""
+        self.registry.register(PrefixCacheCollector(self.prefix, stats))
+
     def forward(self, seconds: float, tokens: int) -> None:
         self.forward_seconds.observe(seconds)
         self.tokens_fed.inc(tokens)
@@ -226,6 +237,35 @@ class SessionStoreCollector(Collector):
         yield evictions
         yield CounterMetricFamily(p + "released_sessions", "Sessions freed by Release.",
                                   value=s.released)
+
+
+class PrefixCacheCollector(Collector):
+    """A paged backend's prefix-cache counts (PrefixCacheStats), read at scrape time;
+    nothing when the backend has no prefix cache."""
+
+    def __init__(self, prefix: str, stats):
+        self.prefix = prefix
+        self.stats = stats
+
+    def describe(self):
+        return list(self.collect())
+
+    def collect(self):
+        s = self.stats()
+        if s is None:
+            return
+        p = self.prefix + "prefix_cache_"
+        for name, help_, value in (
+                ("lookups", "Session passes that could have been served cached KV blocks.",
+                 s.lookups),
+                ("hits", "Session passes served at least one cached KV block.", s.hits),
+                ("hit_tokens", "Fed tokens served from the prefix cache (not computed).",
+                 s.hit_tokens),
+                ("evictions", "Cached KV blocks evicted to hold other contents.",
+                 s.evictions)):
+            yield CounterMetricFamily(p + name, help_, value=value)
+        yield GaugeMetricFamily(p + "blocks", "KV blocks the prefix cache indexes now.",
+                                value=s.cached_blocks)
 
 
 # -- coordinator -------------------------------------------------------------------------

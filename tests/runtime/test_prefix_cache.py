@@ -211,3 +211,67 @@ def test_cache_sync_rule_is_unchanged(ir_dir, off):
         assert s.cached_len == 52 == s.cache.length and s.tokens == s.cache.held.tokens
     finally:
         model.close()
+
+
+def test_metrics_report_the_prefix_cache(ir_dir):
+    from prometheus_client import generate_latest
+
+    from specdec.metrics import PrometheusModelMetrics
+
+    on = _paged(ir_dir)
+    metrics = PrometheusModelMetrics("target")
+    metrics.track_prefix_cache(lambda: on.prefix_cache_stats)
+    on.forward(on.new_cache(), PROMPT)
+    on.forward(on.new_cache(), PROMPT)
+    text = generate_latest(metrics.registry).decode()
+    for line in ("specdec_target_prefix_cache_lookups_total 2.0",
+                 "specdec_target_prefix_cache_hits_total 1.0",
+                 "specdec_target_prefix_cache_hit_tokens_total 96.0",
+                 "specdec_target_prefix_cache_blocks 3.0",
+                 "specdec_target_prefix_cache_evictions_total 0.0"):
+        assert line in text.splitlines()
+    off_metrics = PrometheusModelMetrics("draft")
+    off_metrics.track_prefix_cache(lambda: None)  # no prefix cache: nothing reported
+    assert "prefix_cache" not in generate_latest(off_metrics.registry).decode()
+
+
+def test_target_service_serves_a_repeated_prompt_from_the_cache(tmp_path, monkeypatch):
+    """Through the real gRPC target service (paged OpenVINO, its default layout): a second
+    session with the same prompt is served its blocks and answers as the first; prompt
+    logprobs (every fed position asked for) are never served from the cache."""
+    import grpc
+
+    from specdec.v1 import common_pb2, target_pb2, target_pb2_grpc
+    from target_service.__main__ import create
+    from target_service.config import TargetConfig
+
+    monkeypatch.setenv("SPECDEC_HOME", str(tmp_path))
+    server, port, engine = create(TargetConfig(model="tiny-random", backend="openvino",
+                                               port=0, warmup=False))
+    server.start()
+    try:
+        stub = target_pb2_grpc.TargetServiceStub(grpc.insecure_channel(f"127.0.0.1:{port}"))
+
+        def verify(sid, prompt_logprobs=False):
+            return stub.Verify(target_pb2.VerifyRequest(
+                session_id=sid, keep_len=0, keep_digest=0, new_tokens=PROMPT,
+                sampling=common_pb2.SamplingParams(), round_seed=1, logprobs=2,
+                prompt_logprobs=prompt_logprobs))
+
+        backend = engine.model.backend
+        first, again = verify("a"), verify("b")
+        assert backend.prefix_cache_stats.hit_tokens == 96
+        assert (again.bonus_token, again.cached_len) == (first.bonus_token, 100)
+        want = [(e.token_ids, e.logprobs) for e in first.logprobs]
+        for (ids, got), (want_ids, want_lp) in zip(
+                [(e.token_ids, e.logprobs) for e in again.logprobs], want, strict=True):
+            assert list(ids) == list(want_ids)
+            assert got == pytest.approx(want_lp, abs=TOL)
+        full, cached = verify("c", True), verify("d", True)
+        assert backend.prefix_cache_stats.hit_tokens == 96
+        assert len(cached.prompt_logprobs) == len(full.prompt_logprobs) == 99
+        assert [v for e in cached.prompt_logprobs for v in e.logprobs] == pytest.approx(
+            [v for e in full.prompt_logprobs for v in e.logprobs], abs=TOL)
+    finally:
+        server.stop(0)
+        engine.model.close()
