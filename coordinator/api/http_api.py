@@ -14,6 +14,7 @@ releases its draft and target sessions, as gRPC cancellation does.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import math
@@ -32,9 +33,18 @@ from coordinator.api.openai_api import (
     bad,
     chat_request,
     completion_request,
+    expand,
     from_exception,
 )
-from coordinator.api.openai_responses import CHAT, COMPLETION, DONE, Responses, sse
+from coordinator.api.openai_responses import (
+    CHAT,
+    COMPLETION,
+    DONE,
+    Choice,
+    Responses,
+    merged,
+    sse,
+)
 from coordinator.api.service import GenerationService, add_chunk
 from specdec.v1 import generate_pb2
 
@@ -169,46 +179,93 @@ class OpenAIFrontend:
         card = self.service.card
         try:
             req, opts = (chat_request if kind == CHAT else completion_request)(body, card.id)
+            subs = expand(req, opts)
         except Exception as exc:  # noqa: BLE001 - APIError, or a bug answered as a 500
             return error_response(exc)
-        if not req.max_new_tokens:  # no limit given: up to the cap (and the context)
-            req.max_new_tokens = self.service.limits.max_new_tokens_cap
         timeout = min(opts.timeout_s or math.inf, self.request_timeout_s)
-        chunks = self.service.stream(req, deadline=time.monotonic() + timeout, tenant=tenant)
-        pending: list = []
-        try:
-            first = await next_in_thread(chunks, pending, self.executor)
-        except Exception as exc:  # noqa: BLE001 - every failure gets a status
-            await close_after(chunks, pending, self.executor)
-            return error_response(exc)
-        responses = Responses(kind, card.id)
+        deadline = time.monotonic() + timeout
+        for sub in subs:
+            if not sub.max_new_tokens and not sub.prompt_logprobs:
+                # no limit given: up to the cap (and the context)
+                sub.max_new_tokens = self.service.limits.max_new_tokens_cap
+        streams = [Stream(self.service.stream(sub, deadline=deadline, tenant=tenant))
+                   for sub in subs]
+        firsts = await asyncio.gather(*(s.next(self.executor) for s in streams),
+                                      return_exceptions=True)
+        failed = next((f for f in firsts if isinstance(f, BaseException)), None)
+        if failed is not None:
+            await asyncio.gather(*(s.close(self.executor) for s in streams))
+            if not isinstance(failed, Exception):
+                raise failed
+            return error_response(failed)
+        tokenizer = self.service.tokenizer
+        responses = Responses(kind, card.id, opts.logprobs,
+                              (lambda t: tokenizer.decode([t])) if tokenizer else None)
+        choices = [Choice(i, self._echo(sub) if opts.echo else None)
+                   for i, sub in enumerate(subs)]
+        prompt_of = [i % opts.n == 0 for i in range(len(subs))]  # counts a prompt's tokens
         if opts.stream:
-            events = self._events(chunks, pending, first, responses, opts.include_usage,
-                                  held)
+            events = self._events(streams, firsts, choices, prompt_of, responses,
+                                  opts.include_usage, held)
             return StreamingResponse(events, media_type="text/event-stream",
                                      headers=SSE_HEADERS)
-        resp = generate_pb2.GenerateResponse()
         try:
-            chunk = first
-            while chunk is not None:
-                add_chunk(resp, chunk)
-                chunk = await next_in_thread(chunks, pending, self.executor)
+            done = await asyncio.gather(*(s.rest(first, self.executor)
+                                          for s, first in zip(streams, firsts, strict=True)))
         except Exception as exc:  # noqa: BLE001
             return error_response(exc)
         finally:
-            await close_after(chunks, pending, self.executor)
-        return JSONResponse(responses.unary(resp))
+            await asyncio.gather(*(s.close(self.executor) for s in streams))
+        stats = merged([r.stats for r in done],
+                       sum(r.stats.prompt_tokens for r, p in zip(done, prompt_of, strict=True)
+                           if p))
+        return JSONResponse(responses.unary(done[0], list(zip(choices, done, strict=True)),
+                                            stats))
 
-    async def _events(self, chunks, pending: list, chunk, responses: Responses,
-                      include_usage: bool, held: ExitStack) -> AsyncIterator[str]:
+    def _echo(self, sub: generate_pb2.GenerateRequest) -> str:
+        """A completions prompt as text (`echo`): as sent, or its ids decoded."""
+        if sub.prompt or self.service.tokenizer is None:
+            return sub.prompt
+        return self.service.tokenizer.decode(list(sub.prompt_token_ids))
+
+    async def _events(self, streams: list[Stream], firsts: list, choices: list[Choice],
+                      prompt_of: list[bool], responses: Responses, include_usage: bool,
+                      held: ExitStack) -> AsyncIterator[str]:
+        """Every choice's chunks as they come (each with its index), then the usage of
+        all of them, then [DONE]."""
+        arrived: asyncio.Queue = asyncio.Queue()
+
+        async def pump(i: int) -> None:
+            chunk = firsts[i]
+            try:
+                while chunk is not None:
+                    await arrived.put((i, chunk))
+                    chunk = await streams[i].next(self.executor)
+            except Exception as exc:  # noqa: BLE001 - reported in the stream
+                await arrived.put((i, exc))
+                return
+            await arrived.put((i, None))
+
+        pumps = [asyncio.create_task(pump(i)) for i in range(len(streams))]
         try:
-            first = True
-            while chunk is not None:
-                yield sse(responses.chunk(chunk, first))
-                first = False
-                if chunk.finish_reason and include_usage:
-                    yield sse(responses.usage_chunk(chunk.stats))
-                chunk = await next_in_thread(chunks, pending, self.executor)
+            first = [True] * len(streams)
+            stats: list = [None] * len(streams)
+            live = len(streams)
+            while live:
+                i, chunk = await arrived.get()
+                if isinstance(chunk, Exception):
+                    raise chunk
+                if chunk is None:
+                    live -= 1
+                    continue
+                yield sse(responses.chunk(chunk, first[i], choices[i]))
+                first[i] = False
+                if chunk.finish_reason:
+                    stats[i] = chunk.stats
+            if include_usage:
+                prompt = sum(s.prompt_tokens for s, p in zip(stats, prompt_of, strict=True)
+                             if p)
+                yield sse(responses.usage_chunk(merged(stats, prompt)))
             yield DONE
         except Exception as exc:  # noqa: BLE001 - reported in the stream, as OpenAI does
             err = from_exception(exc)
@@ -221,4 +278,28 @@ class OpenAIFrontend:
             # slot first: it needs no await, which a generator closed by the garbage
             # collector could not do.
             held.close()
-            await close_after(chunks, pending, self.executor)
+            for task in pumps:
+                task.cancel()
+            await asyncio.gather(*(s.close(self.executor) for s in streams))
+
+
+class Stream:
+    """One generation's chunks, stepped in the executor's threads (coordinator.api.bridge)."""
+
+    def __init__(self, chunks):
+        self.chunks, self.pending = chunks, []
+
+    async def next(self, executor):
+        return await next_in_thread(self.chunks, self.pending, executor)
+
+    async def rest(self, first, executor) -> generate_pb2.GenerateResponse:
+        """The whole response, from its first chunk on."""
+        resp = generate_pb2.GenerateResponse()
+        chunk = first
+        while chunk is not None:
+            add_chunk(resp, chunk)
+            chunk = await self.next(executor)
+        return resp
+
+    async def close(self, executor) -> None:
+        await close_after(self.chunks, self.pending, executor)

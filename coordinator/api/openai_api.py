@@ -3,12 +3,17 @@
 Pure functions, no server: an OpenAI request body becomes a `GenerateRequest` (which
 `GenerationService` then validates exactly as it validates gRPC requests: one source of
 truth for limits, stop strings and sampling), and `GenerateChunk`s become OpenAI's
-response and SSE chunk objects. What OpenAI's API has and specdec does not (several
-choices, log-probabilities, tools, penalties) is refused with a 400 naming the
-parameter, in OpenAI's error shape, rather than silently ignored.
+response and SSE chunk objects. Every sampling parameter keeps speculation on: `n`
+(up to MAX_N choices, each a generation of its own with its own seed; they share the
+prompt's KV through the services' prefix cache), a batch of completion prompts,
+`logprobs` / `top_logprobs`, `echo` (with the prompt's log-probabilities, and
+`max_tokens` 0), `presence_penalty`, `frequency_penalty`, `logit_bias`. What OpenAI's
+API has and specdec does not (tools, structured outputs, predicted outputs) is refused
+with a 400 naming the parameter, in OpenAI's error shape, rather than silently ignored.
 
 specdec's own fields:
-- request extensions (the `openai` package's `extra_body`): `top_k`, `num_draft_tokens`
+- request extensions (the `openai` package's `extra_body`): `top_k`, `min_p`,
+  `repetition_penalty` (HF's and vLLM's, in (0, 2]; 1 = off), `num_draft_tokens`
   (K; 0 = target only), `timeout` (seconds; past it the request ends with 504),
   `decoding` ("speculative" or "contrastive") and `contrastive` ({alpha, beta,
   amateur_temperature, formulation: "obrien" | "li"}; docs/design.md, section 17);
@@ -23,10 +28,12 @@ from __future__ import annotations
 
 import math
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from specdec.client.request import DECODINGS, FORMULATIONS
 from specdec.errors import SpecdecError
+from specdec.logprobs import MAX_TOP_LOGPROBS
+from specdec.sampling import derive_seed
 from specdec.v1 import common_pb2, generate_pb2
 
 KIND_NAMES = {generate_pb2.TOKEN_KIND_ACCEPTED: "accepted",
@@ -51,16 +58,24 @@ HTTP_STATUS = {
 SERVICE_FIELDS = {"max_new_tokens": "max_tokens", "num_draft_tokens": "num_draft_tokens",
                   "sampling.temperature": "temperature", "sampling.top_p": "top_p",
                   "sampling.top_k": "top_k", "sampling.seed": "seed", "stop": "stop",
+                  "sampling.presence_penalty": "presence_penalty",
+                  "sampling.frequency_penalty": "frequency_penalty",
+                  "sampling.repetition_penalty": "repetition_penalty",
+                  "sampling.min_p": "min_p", "sampling.logit_bias": "logit_bias",
+                  "logprobs": "logprobs",
                   "prompt_token_ids": "prompt", "alpha": "contrastive.alpha",
                   "beta": "contrastive.beta",
                   "amateur_temperature": "contrastive.amateur_temperature"}
 INT32_MAX = 2**31 - 1
 DEFAULT_TEMPERATURE = 1.0  # OpenAI's default; send 0 for greedy
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+MAX_N = 8  # choices per request (`n`)
+MAX_PROMPTS = 32  # prompts in one completions request, times n
+MAX_COMPLETION_LOGPROBS = 5  # OpenAI's cap for the completions API's `logprobs`
 
 _COMMON = {"model", "max_tokens", "temperature", "top_p", "seed", "stop", "stream",
            "stream_options", "n", "user", "top_k", "num_draft_tokens", "timeout",
-           "decoding", "contrastive",
+           "decoding", "contrastive", "min_p", "repetition_penalty",
            "logprobs", "presence_penalty", "frequency_penalty", "logit_bias"}
 CHAT_FIELDS = _COMMON | {"messages", "max_completion_tokens", "top_logprobs", "tools",
                          "tool_choice", "functions", "function_call", "response_format",
@@ -89,7 +104,7 @@ def from_exception(exc: BaseException) -> APIError:
         return exc
     if isinstance(exc, SpecdecError) and exc.code in HTTP_STATUS:
         status, type_ = HTTP_STATUS[exc.code]
-        field = exc.message.split(" ", 1)[0]
+        field = exc.message.split(" ", 1)[0].split("[", 1)[0].rstrip(":")
         return APIError(status, exc.message, type_, SERVICE_FIELDS.get(field),
                         exc.code.lower())
     return APIError(500, f"internal error ({type(exc).__name__}); see the server log",
@@ -107,6 +122,11 @@ class Options:
     stream: bool
     include_usage: bool
     timeout_s: float | None
+    n: int = 1  # choices per prompt
+    logprobs: int | None = None  # the response shows log-probabilities, this many top
+    echo: bool = False  # completions: the prompt comes first in text and logprobs
+    # completions: a batch of prompts (each a string or token ids); () = the request's own
+    prompts: tuple = ()
 
 
 # -- requests ----------------------------------------------------------------------------
@@ -123,8 +143,20 @@ def chat_request(body, model: str) -> tuple[generate_pb2.GenerateRequest, Option
         if body.get(name) not in (None, "none"):
             raise bad(f"`{name}` is not supported: specdec does not call tools", name,
                       "unsupported_parameter")
-    if body.get("top_logprobs") is not None:
-        raise bad("`top_logprobs` is not supported", "top_logprobs", "unsupported_parameter")
+    top = body.get("top_logprobs")
+    logprobs = body.get("logprobs")
+    if logprobs is not None and not isinstance(logprobs, bool):
+        raise bad("`logprobs` must be a boolean (the chat API's; top_logprobs says how "
+                  "many alternatives)", "logprobs")
+    if top is not None:
+        if not _is_int(top) or not 0 <= top <= MAX_TOP_LOGPROBS:
+            raise bad(f"`top_logprobs` must be an integer in [0, {MAX_TOP_LOGPROBS}], got "
+                      f"{top!r}", "top_logprobs")
+        if not logprobs:
+            raise bad("`top_logprobs` needs `logprobs: true`", "top_logprobs")
+    if logprobs:
+        req.logprobs = top or 0
+        opts = replace(opts, logprobs=top or 0)
     fmt = body.get("response_format")
     if fmt is not None and (not isinstance(fmt, dict) or fmt.get("type") != "text"):
         raise bad("only response_format {\"type\": \"text\"} is supported", "response_format",
@@ -151,30 +183,80 @@ def chat_request(body, model: str) -> tuple[generate_pb2.GenerateRequest, Option
 def completion_request(body, model: str) -> tuple[generate_pb2.GenerateRequest, Options]:
     body = _object(body, COMPLETION_FIELDS)
     req, opts = _common(body, model)
-    if body.get("echo"):
-        raise bad("`echo` is not supported", "echo", "unsupported_parameter")
+    echo = body.get("echo") or False
+    if not isinstance(echo, bool):
+        raise bad("`echo` must be a boolean", "echo")
+    logprobs = body.get("logprobs")
+    if logprobs is True:  # not OpenAI's type, but what some clients send: 1
+        logprobs = 1
+    if logprobs is False:
+        logprobs = None
+    if logprobs is not None:
+        if not _is_int(logprobs) or not 0 <= logprobs <= MAX_COMPLETION_LOGPROBS:
+            raise bad(f"`logprobs` must be an integer in [0, {MAX_COMPLETION_LOGPROBS}] "
+                      f"(alternatives per token), got {logprobs!r}", "logprobs")
+        req.logprobs = logprobs
+        req.prompt_logprobs = echo
+    opts = replace(opts, logprobs=logprobs, echo=echo)
     if body.get("best_of") not in (None, 1):
         raise bad("`best_of` must be 1: specdec returns one completion", "best_of",
                   "unsupported_parameter")
     if body.get("suffix"):
         raise bad("`suffix` is not supported", "suffix", "unsupported_parameter")
-    _max_tokens(req, body.get("max_tokens", 16), "max_tokens")  # OpenAI's default: 16
+    # OpenAI's default: 16; 0 with echo scores (or returns) the prompt alone
+    _max_tokens(req, body.get("max_tokens", 16), "max_tokens", least=0 if echo else 1)
+    if req.max_new_tokens == 0 and echo:
+        req.prompt_logprobs = True  # the one round that scores the prompt, nothing after
+        req.logprobs = req.logprobs if req.HasField("logprobs") else 0
     prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        prompt = prompt[0]  # a batch of one
-    if isinstance(prompt, str) and prompt:
+    batch = prompt if isinstance(prompt, list) and prompt and \
+        all(isinstance(p, (str, list)) for p in prompt) else [prompt]
+    if len(batch) * opts.n > MAX_PROMPTS:
+        raise bad(f"`prompt` holds {len(batch)} prompts and n is {opts.n}: at most "
+                  f"{MAX_PROMPTS} completions per request", "prompt")
+    prompts = tuple(_prompt(p, "missing_required_parameter" if prompt is None
+                            else "invalid_value") for p in batch)
+    if len(prompts) == 1:
+        set_prompt(req, prompts[0])
+        return req, opts
+    return req, replace(opts, prompts=prompts)
+
+
+def expand(req: generate_pb2.GenerateRequest, opts: Options) -> list[generate_pb2.GenerateRequest]:
+    """The request's generations, in choice order (OpenAI's: prompt by prompt, n each):
+    choice j of a prompt draws from its own seed stream (the request's seed for j = 0)."""
+    out = []
+    for prompt in opts.prompts or (None,):
+        for j in range(opts.n):
+            sub = generate_pb2.GenerateRequest()
+            sub.CopyFrom(req)
+            if prompt is not None:
+                set_prompt(sub, prompt)
+            if j:
+                sub.sampling.seed = derive_seed(req.sampling.seed, "choice", j)
+            out.append(sub)
+    return out
+
+
+def set_prompt(req: generate_pb2.GenerateRequest, prompt: str | list[int]) -> None:
+    """One prompt of a completions request (a string or token ids) into `req`."""
+    if isinstance(prompt, str):
         req.prompt = prompt
-    elif isinstance(prompt, list) and prompt and all(_is_int(t) for t in prompt):
+    else:
+        req.prompt_token_ids.extend(prompt)
+
+
+def _prompt(prompt, code: str) -> str | list[int]:
+    if isinstance(prompt, str) and prompt:
+        return prompt
+    if isinstance(prompt, list) and prompt and all(_is_int(t) for t in prompt):
         beyond = [t for t in prompt if not 0 <= t <= INT32_MAX]
         if beyond:
             raise bad("`prompt` token ids must be in the model's vocabulary (ids >= 0, "
                       f"below its vocab size); got {beyond[:5]}", "prompt")
-        req.prompt_token_ids.extend(prompt)
-    else:
-        raise bad("`prompt` must be a non-empty string or a list of token ids (one prompt "
-                  "per request)", "prompt",
-                  "missing_required_parameter" if prompt is None else "invalid_value")
-    return req, opts
+        return list(prompt)
+    raise bad("`prompt` must be a non-empty string, a list of token ids, or a list of "
+              "those (a batch)", "prompt", code)
 
 
 def _object(body, allowed: set[str]) -> dict:
@@ -196,18 +278,22 @@ def _common(body: dict, model: str) -> tuple[generate_pb2.GenerateRequest, Optio
     if name != model:
         raise APIError(404, f"model {name!r} does not exist; this server serves {model!r}",
                        "not_found_error", "model", "model_not_found")
-    if body.get("n") not in (None, 1):
-        raise bad("`n` must be 1: specdec returns one choice per request", "n",
-                  "unsupported_parameter")
-    if body.get("logprobs") not in (None, False):
-        raise bad("`logprobs` is not supported", "logprobs", "unsupported_parameter")
+    n = body.get("n")
+    n = 1 if n is None else n
+    if not _is_int(n) or not 1 <= n <= MAX_N:
+        raise bad(f"`n` must be an integer in [1, {MAX_N}], got {n!r}", "n")
+    penalties = {}
     for name in ("presence_penalty", "frequency_penalty"):
-        if _number(body, name, 0.0) != 0.0:
-            raise bad(f"`{name}` is not supported (only 0): a penalty would change the "
-                      "distribution speculative decoding preserves", name,
-                      "unsupported_parameter")
-    if body.get("logit_bias"):
-        raise bad("`logit_bias` is not supported", "logit_bias", "unsupported_parameter")
+        penalties[name] = _number(body, name, 0.0)
+        if not -2.0 <= penalties[name] <= 2.0:
+            raise bad(f"`{name}` must be in [-2, 2], got {penalties[name]}", name)
+    repetition = _number(body, "repetition_penalty", 1.0)
+    if not 0.0 < repetition <= 2.0:
+        raise bad(f"`repetition_penalty` must be in (0, 2] (1 = off), got {repetition}",
+                  "repetition_penalty")
+    min_p = _number(body, "min_p", 0.0)
+    if not 0.0 <= min_p <= 1.0:
+        raise bad(f"`min_p` must be in [0, 1] (0 = off), got {min_p}", "min_p")
     temperature = _number(body, "temperature", DEFAULT_TEMPERATURE)
     if not 0.0 <= temperature <= 2.0:
         raise bad(f"`temperature` must be in [0, 2], got {temperature}", "temperature")
@@ -222,7 +308,9 @@ def _common(body: dict, model: str) -> tuple[generate_pb2.GenerateRequest, Optio
         raise bad("`top_k` must be an integer >= 0 (0 = off)", "top_k")
     req = generate_pb2.GenerateRequest(sampling=common_pb2.SamplingParams(
         temperature=temperature, top_p=top_p, top_k=top_k,
-        seed=(seed % 2**64) if seed is not None else secrets.randbits(63)))
+        seed=(seed % 2**64) if seed is not None else secrets.randbits(63),
+        repetition_penalty=0.0 if repetition == 1.0 else repetition, min_p=min_p,
+        logit_bias=_logit_bias(body.get("logit_bias")), **penalties))
     k = body.get("num_draft_tokens")
     if k is not None:
         if not _is_int(k) or abs(k) > INT32_MAX:
@@ -248,7 +336,28 @@ def _common(body: dict, model: str) -> tuple[generate_pb2.GenerateRequest, Optio
         timeout = _number(body, "timeout", 0.0)
         if timeout <= 0:
             raise bad("`timeout` must be > 0 seconds", "timeout")
-    return req, Options(stream, bool(stream_options.get("include_usage")), timeout)
+    return req, Options(stream, bool(stream_options.get("include_usage")), timeout, n)
+
+
+def _logit_bias(bias) -> dict[int, float]:
+    """OpenAI's logit_bias: {"token id": bias in [-100, 100]} (JSON keys are strings);
+    whether an id is in the vocabulary is GenerationService's to check."""
+    if bias is None:
+        return {}
+    if not isinstance(bias, dict):
+        raise bad("`logit_bias` must be an object mapping token ids to biases in "
+                  "[-100, 100]", "logit_bias")
+    out = {}
+    for key in bias:
+        if not (isinstance(key, str) and key.isdigit() and int(key) <= INT32_MAX):
+            raise bad(f"`logit_bias` keys must be token ids (non-negative integers), got "
+                      f"{key!r}", "logit_bias")
+        number = _number(bias, key, 0.0, "logit_bias")
+        if not -100.0 <= number <= 100.0:
+            raise bad(f"`logit_bias` values must be in [-100, 100], got {number} for "
+                      f"token {key}", "logit_bias")
+        out[int(key)] = number
+    return out
 
 
 def _decoding(body: dict, req: generate_pb2.GenerateRequest) -> None:
@@ -275,11 +384,13 @@ def _decoding(body: dict, req: generate_pb2.GenerateRequest) -> None:
     req.contrastive.formulation = FORMULATIONS[formulation]
 
 
-def _max_tokens(req: generate_pb2.GenerateRequest, value, param: str) -> None:
+def _max_tokens(req: generate_pb2.GenerateRequest, value, param: str,
+                least: int = 1) -> None:
     if value is None:
         return  # GenerationService's cap, bounded by the context left after the prompt
-    if not _is_int(value) or not 1 <= value <= INT32_MAX:
-        raise bad(f"`{param}` must be an integer >= 1", param)
+    if not _is_int(value) or not least <= value <= INT32_MAX:
+        raise bad(f"`{param}` must be an integer >= {least}"
+                  + (" (0 only with echo)" if least == 1 and value == 0 else ""), param)
     req.max_new_tokens = value
 
 

@@ -66,46 +66,127 @@ def tokens(chunk) -> dict:
             "token_texts": list(chunk.token_texts)}
 
 
-class Responses:
-    """Builds one request's response objects (one id and creation time for all)."""
+def merged(stats: list[generate_pb2.GenerationStats],
+           prompt_tokens: int) -> generate_pb2.GenerationStats:
+    """Several choices' stats as one (usage sums over them): counts add up, lists join,
+    seconds is the longest; the prompt's tokens are counted once per prompt."""
+    if len(stats) == 1:
+        return stats[0]
+    out = generate_pb2.GenerationStats()
+    for s in stats:
+        for field, value in message_fields(s).items():
+            if isinstance(value, tuple):
+                getattr(out, field).extend(value)
+            elif isinstance(value, str):
+                setattr(out, field, getattr(out, field) or value)
+            elif field == "seconds":
+                out.seconds = max(out.seconds, value)
+            elif field != "mean_head_size":
+                setattr(out, field, getattr(out, field) + value)
+    out.prompt_tokens = prompt_tokens
+    return out
 
-    def __init__(self, kind: str, model: str):
+
+class Choice:
+    """One choice of a response as it streams: its index, the prompt text it echoes
+    (completions' `echo`) and where its text stands (completions' text_offset)."""
+
+    def __init__(self, index: int = 0, echo: str | None = None, offset: int = 0):
+        self.index, self.echo, self.offset = index, echo, offset
+
+
+class Responses:
+    """Builds one request's response objects (one id and creation time for all).
+    `logprobs`: the request asked for log-probabilities, with this many alternatives
+    (None: not asked); `token_text(id)` names a token in them."""
+
+    def __init__(self, kind: str, model: str, logprobs: int | None = None,
+                 token_text=None):
         self.kind, self.model = kind, model
+        self.logprobs, self.token_text = logprobs, token_text or str
         prefix = "chatcmpl" if kind == CHAT else "cmpl"
         self.id = f"{prefix}-{secrets.token_hex(12)}"
         self.created = int(time.time())
+
+    def _logprobs(self, chunk, choice: Choice, first: bool) -> dict | None:
+        """The chunk's tokens' log-probabilities in the API's shape (the chat API's
+        `content` list, or the completions API's legacy columns, the echoed prompt's
+        first)."""
+        if self.logprobs is None:
+            return None
+        name = self.token_text
+        if self.kind == CHAT:
+            def entry(token, logprob):
+                text = name(token)
+                return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
+
+            return {"content": [{**entry(t, e.logprobs[0]), "top_logprobs": [
+                entry(a, v) for a, v in zip(e.top_ids, e.top_logprobs, strict=True)]}
+                for t, e in zip(chunk.token_ids, chunk.logprobs, strict=True)],
+                "refusal": None}
+        ids, values, tops, texts = [], [], [], []
+        if first and choice.echo is not None and chunk.prompt_token_ids:
+            ids += list(chunk.prompt_token_ids)
+            values += [None] + [e.logprobs[0] for e in chunk.prompt_logprobs]
+            tops += [None] + [dict(zip(map(name, e.top_ids), e.top_logprobs, strict=True))
+                              for e in chunk.prompt_logprobs]
+            texts += [name(t) for t in chunk.prompt_token_ids]
+            choice.offset = 0
+        ids += list(chunk.token_ids)
+        values += [e.logprobs[0] for e in chunk.logprobs]
+        tops += [dict(zip(map(name, e.top_ids), e.top_logprobs, strict=True))
+                 for e in chunk.logprobs]
+        texts += list(chunk.token_texts)
+        offsets = []
+        for text in texts:
+            offsets.append(choice.offset)
+            choice.offset += len(text)
+        return {"tokens": [name(t) for t in ids], "token_logprobs": values,
+                "top_logprobs": tops, "text_offset": offsets}
 
     def _envelope(self, object_: str) -> dict:
         return {"id": self.id, "object": object_, "created": self.created,
                 "model": self.model, "system_fingerprint": None}
 
-    def unary(self, resp: generate_pb2.GenerateResponse) -> dict:
-        reason = FINISH_REASONS.get(resp.finish_reason, resp.finish_reason)
-        if self.kind == CHAT:
-            body = self._envelope("chat.completion")
-            body["choices"] = [{"index": 0, "message": {"role": "assistant",
-                                                        "content": resp.text},
-                                "finish_reason": reason, "logprobs": None}]
-        else:
-            body = self._envelope("text_completion")
-            body["choices"] = [{"index": 0, "text": resp.text, "finish_reason": reason,
-                                "logprobs": None}]
-        body["usage"] = usage(resp.stats)
-        body["specdec"] = tokens(resp)
+    def unary(self, resp: generate_pb2.GenerateResponse, choices: list | None = None,
+              stats: generate_pb2.GenerationStats | None = None) -> dict:
+        """One response, or with `choices` [(Choice, GenerateResponse)] several (then
+        `stats` is their merged stats and `specdec` lists each choice's tokens)."""
+        choices = choices or [(Choice(), resp)]
+        body = self._envelope("chat.completion" if self.kind == CHAT else "text_completion")
+        body["choices"] = []
+        for choice, r in choices:
+            reason = FINISH_REASONS.get(r.finish_reason, r.finish_reason)
+            logprobs = self._logprobs(r, choice, True)
+            if self.kind == CHAT:
+                body["choices"].append({"index": choice.index, "message": {
+                    "role": "assistant", "content": r.text}, "finish_reason": reason,
+                    "logprobs": logprobs})
+            else:
+                body["choices"].append({"index": choice.index,
+                                        "text": (choice.echo or "") + r.text,
+                                        "finish_reason": reason, "logprobs": logprobs})
+        body["usage"] = usage(stats or choices[0][1].stats)
+        body["specdec"] = tokens(resp) if len(choices) == 1 else \
+            {"choices": [tokens(r) for _, r in choices]}
         return body
 
-    def chunk(self, chunk: generate_pb2.GenerateChunk, first: bool) -> dict:
+    def chunk(self, chunk: generate_pb2.GenerateChunk, first: bool,
+              choice: Choice | None = None) -> dict:
+        choice = choice or Choice()
         reason = FINISH_REASONS.get(chunk.finish_reason, chunk.finish_reason) or None
+        logprobs = self._logprobs(chunk, choice, first)
         if self.kind == CHAT:
             body = self._envelope("chat.completion.chunk")
             delta = {"role": "assistant", "content": chunk.text} if first else \
                 {"content": chunk.text}
-            body["choices"] = [{"index": 0, "delta": delta, "finish_reason": reason,
-                                "logprobs": None}]
+            body["choices"] = [{"index": choice.index, "delta": delta,
+                                "finish_reason": reason, "logprobs": logprobs}]
         else:
             body = self._envelope("text_completion")
-            body["choices"] = [{"index": 0, "text": chunk.text, "finish_reason": reason,
-                                "logprobs": None}]
+            text = (choice.echo or "") + chunk.text if first else chunk.text
+            body["choices"] = [{"index": choice.index, "text": text,
+                                "finish_reason": reason, "logprobs": logprobs}]
         body["specdec"] = tokens(chunk)
         return body
 

@@ -125,8 +125,13 @@ def test_chat_stream_starts_with_the_role(http, model):
 
 
 BAD = [
-    ({"n": 2}, 400, "n"),
-    ({"logprobs": True}, 400, "logprobs"),
+    ({"n": 9}, 400, "n"),
+    ({"n": 0}, 400, "n"),
+    ({"logprobs": True, "top_logprobs": 21}, 400, "top_logprobs"),
+    ({"logit_bias": {"1": 200}}, 400, "logit_bias"),
+    ({"logit_bias": {"99999999": 1}}, 400, "logit_bias"),  # beyond the vocabulary
+    ({"logit_bias": {"token": 1}}, 400, "logit_bias"),
+    ({"presence_penalty": -3}, 400, "presence_penalty"),
     ({"tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools"),
     ({"model": "gpt-4o"}, 404, "model"),
     ({"model": None}, 400, "model"),
@@ -134,7 +139,7 @@ BAD = [
     ({"top_p": 0}, 400, "top_p"),
     ({"max_tokens": 0}, 400, "max_tokens"),
     ({"max_tokens": 10**6}, 400, None),  # the service's cap, named by its message
-    ({"frequency_penalty": 0.5}, 400, "frequency_penalty"),
+    ({"frequency_penalty": 2.5}, 400, "frequency_penalty"),
     ({"messages": []}, 400, "messages"),
     ({"messages": [{"role": "tool", "content": "x"}]}, 400, "messages[0].role"),
     ({"num_draft_tokens": 99}, 400, None),

@@ -123,12 +123,12 @@ def test_errors_raise_openai_exceptions(client, model):
     assert info.value.status_code == 404 and "does not exist" in info.value.message
     assert info.value.code == "model_not_found"
     with pytest.raises(openai.BadRequestError) as info:
-        client.chat.completions.create(model=model, messages=MESSAGES, max_tokens=4, n=2)
+        client.chat.completions.create(model=model, messages=MESSAGES, max_tokens=4, n=99)
     assert info.value.param == "n"
     with pytest.raises(openai.BadRequestError) as info:
         client.chat.completions.create(model=model, messages=MESSAGES, max_tokens=4,
-                                       logprobs=True)
-    assert info.value.param == "logprobs"
+                                       logprobs=True, top_logprobs=21)
+    assert info.value.param == "top_logprobs"
     with pytest.raises(openai.BadRequestError) as info:
         client.completions.create(model=model, prompt="x", max_tokens=4, stream=True,
                                   extra_body={"num_draft_tokens": -1})

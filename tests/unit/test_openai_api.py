@@ -6,7 +6,13 @@ import json
 
 import pytest
 
-from coordinator.api.openai_api import APIError, chat_request, completion_request, from_exception
+from coordinator.api.openai_api import (
+    APIError,
+    chat_request,
+    completion_request,
+    expand,
+    from_exception,
+)
 from coordinator.api.openai_responses import CHAT, COMPLETION, Responses, sse, usage
 from specdec.errors import DeadlineExceeded, InvalidArgument, ResourceExhausted, Unavailable
 from specdec.v1 import generate_pb2
@@ -52,15 +58,75 @@ def test_completion_prompt_forms():
     assert list(ids.prompt_token_ids) == [1, 2, 3]
     assert list(completion_request({"model": M, "prompt": [[4, 5]]}, M)[0]
                 .prompt_token_ids) == [4, 5]
-    for bad in (["a", "b"], [], "", [1.5], None):
+    for bad in ([], "", [1.5], None, ["a", ""], [[1], []], ["a"] * 33):
         with pytest.raises(APIError) as info:
             completion_request({"model": M, "prompt": bad}, M)
         assert info.value.status == 400 and info.value.param == "prompt"
 
 
+def test_a_batch_of_prompts_and_n_expand_in_openai_order():
+    req, opts = completion_request({"model": M, "prompt": ["a", [7, 8]], "n": 2, "seed": 5},
+                                   M)
+    subs = expand(req, opts)
+    assert [(s.prompt, list(s.prompt_token_ids)) for s in subs] == \
+        [("a", []), ("a", []), ("", [7, 8]), ("", [7, 8])]
+    seeds = [s.sampling.seed for s in subs]
+    assert seeds[0] == seeds[2] == 5 and seeds[1] == seeds[3] != 5  # own seed per choice
+    with pytest.raises(APIError) as info:
+        completion_request({"model": M, "prompt": ["a"] * 5, "n": 8}, M)
+    assert info.value.param == "prompt"
+
+
+def test_sampling_parameters_reach_the_request():
+    req, _ = chat_request({"model": M, "messages": MSG, "presence_penalty": 1.5,
+                           "frequency_penalty": -0.5, "logit_bias": {"12": -100, "7": 3.5},
+                           "repetition_penalty": 1.2, "min_p": 0.1, "logprobs": True,
+                           "top_logprobs": 4}, M)
+    s = req.sampling
+    assert (s.presence_penalty, s.frequency_penalty, dict(s.logit_bias)) == \
+        (1.5, -0.5, {12: -100.0, 7: 3.5})
+    assert s.repetition_penalty == pytest.approx(1.2) and s.min_p == pytest.approx(0.1)
+    assert req.logprobs == 4 and not req.prompt_logprobs
+    req, opts = completion_request({"model": M, "prompt": "hi", "echo": True,
+                                    "logprobs": 2, "max_tokens": 0}, M)
+    assert (req.logprobs, req.prompt_logprobs, req.max_new_tokens) == (2, True, 0)
+    assert opts.echo and opts.logprobs == 2
+    req, opts = completion_request({"model": M, "prompt": "hi", "echo": True,
+                                    "max_tokens": 0}, M)  # echo alone: the prompt back
+    assert req.prompt_logprobs and opts.logprobs is None
+
+
+@pytest.mark.parametrize(("change", "param"), [
+    ({"top_logprobs": 21, "logprobs": True}, "top_logprobs"),
+    ({"top_logprobs": 2}, "top_logprobs"),  # without logprobs
+    ({"logprobs": 3}, "logprobs"),  # the chat API's is a boolean
+    ({"n": 0}, "n"), ({"n": 9}, "n"), ({"n": 1.5}, "n"),
+    ({"logit_bias": {"x": 1}}, "logit_bias"), ({"logit_bias": {"-3": 1}}, "logit_bias"),
+    ({"logit_bias": {"5": 101}}, "logit_bias"), ({"logit_bias": {"5": "a"}}, "logit_bias"),
+    ({"logit_bias": [1]}, "logit_bias"),
+    ({"presence_penalty": 2.5}, "presence_penalty"),
+    ({"frequency_penalty": -2.01}, "frequency_penalty"),
+    ({"repetition_penalty": 0}, "repetition_penalty"), ({"min_p": 1.5}, "min_p"),
+])
+def test_sampling_parameters_out_of_range_are_400_naming_them(change, param):
+    with pytest.raises(APIError) as info:
+        chat_request({"model": M, "messages": MSG, **change}, M)
+    assert (info.value.status, info.value.param) == (400, param), info.value.message
+
+
+@pytest.mark.parametrize(("change", "param"), [
+    ({"logprobs": 6}, "logprobs"), ({"echo": "yes"}, "echo"),
+    ({"max_tokens": 0}, "max_tokens"),  # 0 only with echo
+])
+def test_completion_logprobs_and_echo_are_checked(change, param):
+    with pytest.raises(APIError) as info:
+        completion_request({"model": M, "prompt": "hi", **change}, M)
+    assert (info.value.status, info.value.param) == (400, param), info.value.message
+
+
 @pytest.mark.parametrize(("change", "status", "param"), [
     ({"model": "other"}, 404, "model"),
-    ({"n": 3}, 400, "n"),
+    ({"n": 30}, 400, "n"),
     ({"tools": [{}]}, 400, "tools"),
     ({"tool_choice": "auto"}, 400, "tool_choice"),
     ({"response_format": {"type": "json_object"}}, 400, "response_format"),
