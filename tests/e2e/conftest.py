@@ -6,6 +6,7 @@ import socket
 import time
 
 import grpc
+import openai
 import pytest
 
 from specdec.launcher import start
@@ -46,3 +47,17 @@ def sessions_released(draft_engine, target_engine, within_s: float = 3.0) -> boo
             return True
         time.sleep(0.05)
     return False
+
+
+# The official `openai` package against the coordinator's HTTP API, and the model it serves.
+@pytest.fixture(scope="session")
+def client(coordinator):
+    with openai.OpenAI(base_url=coordinator[3] + "/v1", api_key="unused", max_retries=0,
+                       timeout=60) as c:
+        yield c
+
+
+@pytest.fixture(scope="session")
+def model(client) -> str:
+    (card,) = client.models.list().data
+    return card.id

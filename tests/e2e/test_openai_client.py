@@ -17,19 +17,6 @@ MESSAGES = [{"role": "system", "content": "You are terse."},
             {"role": "user", "content": "Tell me about speculative decoding."}]
 
 
-@pytest.fixture(scope="module")
-def client(coordinator):
-    with openai.OpenAI(base_url=coordinator[3] + "/v1", api_key="unused", max_retries=0,
-                       timeout=60) as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
-def model(client) -> str:
-    (card,) = client.models.list().data
-    return card.id
-
-
 def grpc_text(stub, k: int, max_tokens: int, **prompt) -> generate_pb2.GenerateResponse:
     return stub.Generate(generate_pb2.GenerateRequest(
         max_new_tokens=max_tokens, num_draft_tokens=k,

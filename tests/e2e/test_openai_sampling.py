@@ -22,18 +22,6 @@ PARAMS = {
 }
 
 
-@pytest.fixture(scope="module")
-def client(coordinator):
-    with openai.OpenAI(base_url=coordinator[3] + "/v1", api_key="unused", max_retries=0,
-                       timeout=60) as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
-def model(client) -> str:
-    return client.models.list().data[0].id
-
-
 def _k(params: dict, k: int) -> dict:
     return {**params, "extra_body": {**params.get("extra_body", {}), "num_draft_tokens": k}}
 
