@@ -49,13 +49,15 @@ def _load_backend(cfg: ModelServiceConfig, skip: tuple[int, ...], order: tuple[i
         from specdec.runtime.openvino_paged import PagedOpenVINOBackend
 
         ir_dir, model_id = resolve_ir(cfg.model, cfg.weights, skip, head)
-        kind = PagedOpenVINOBackend if cfg.kv_layout == "paged" else OpenVINOBackend
+        paged = cfg.kv_layout == "paged"
+        kind = PagedOpenVINOBackend if paged else OpenVINOBackend
         return kind(ir_dir, cfg.device or "CPU", cfg.threads,
                                cfg.kv_cache_precision, cfg.performance_hint, model_id=model_id,
                                rollback=cfg.ov_rollback,
                                inference_precision=cfg.inference_precision,
                                dynamic_quantization=cfg.dynamic_quantization != "off",
-                               compressed_weights=cfg.weights in ("int8", "int4"))
+                               compressed_weights=cfg.weights in ("int8", "int4"),
+                               **({"prefix_cache": cfg.prefix_cache} if paged else {}))
     from specdec.runtime.models import load
     from specdec.runtime.torch_backend import TorchBackend
 
@@ -119,6 +121,7 @@ def start_metrics(kind: str, cfg: ModelServiceConfig, model: CachedModel) -> Non
 
     metrics = PrometheusModelMetrics(kind, model.store)
     metrics.track_kv_pool(lambda: model.backend.kv_pool_bytes)
+    metrics.track_prefix_cache(lambda: model.backend.prefix_cache_stats)
     metrics.serve(cfg.metrics_port, cfg.host)
     model.metrics = metrics
 

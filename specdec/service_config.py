@@ -26,6 +26,7 @@ class ModelServiceConfig:
     performance_hint: str = "LATENCY"
     ov_rollback: str = "mask"
     kv_layout: str = "paged"
+    prefix_cache: bool = True
     dynamic_quantization: str = "auto"
     cpus: str = ""
     dtype: str = "float32"
@@ -102,6 +103,11 @@ def add_model_service_flags(p: argparse.ArgumentParser, default_port: int,
                         "so concurrent requests share forward passes (continuous batching) "
                         "and rollback is free; stateful = one infer request per session, "
                         "one session per pass (default: %(default)s)")
+    p.add_argument("--prefix-cache", action=argparse.BooleanOptionalAction,
+                   default=D.prefix_cache,
+                   help="openvino, --kv-layout paged: reuse full KV blocks across sessions "
+                        "whose prompts share a prefix (automatic prefix caching; "
+                        "docs/design.md, section 23) (default: on)")
     p.add_argument("--ov-rollback", default=D.ov_rollback, choices=["mask", "trim"],
                    help="openvino, --kv-layout stateful: how a rejected draft is rolled back: "
                         "mask (free; dead entries masked, compacted now and then) or "

@@ -22,6 +22,7 @@ class BackendDefaults:
     dynamic_skip: Any = None  # a torch draft's on-the-fly layer skipping (DynamicSkip)
     head_vocab: int = 0  # an FR-Spec draft's sliced LM head: its rows; 0 = the full head
     kv_pool_bytes: int = 0  # bytes a paged KV block pool holds (0: no pool)
+    prefix_cache_stats: Any = None  # a paged pool's prefix cache (None: none)
 
 
 @runtime_checkable
@@ -37,6 +38,7 @@ class Backend(Protocol):
     dynamic_skip: Any
     head_vocab: int
     kv_pool_bytes: int
+    prefix_cache_stats: Any
 
     def new_cache(self) -> Any:
         """An empty KV cache for a new session."""
