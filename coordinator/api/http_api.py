@@ -28,14 +28,8 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingRes
 
 from coordinator.api.auth import APIKeys
 from coordinator.api.bridge import close_after, next_in_thread
-from coordinator.api.openai_api import (
-    APIError,
-    bad,
-    chat_request,
-    completion_request,
-    expand,
-    from_exception,
-)
+from coordinator.api.openai_api import chat_request, completion_request, expand
+from coordinator.api.openai_errors import APIError, bad, from_exception
 from coordinator.api.openai_responses import (
     CHAT,
     COMPLETION,

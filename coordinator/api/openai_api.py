@@ -26,12 +26,11 @@ specdec's own fields:
 
 from __future__ import annotations
 
-import math
 import secrets
 from dataclasses import dataclass, replace
 
+from coordinator.api.openai_errors import APIError, bad, check_unicode, is_int, number
 from specdec.client.request import DECODINGS, FORMULATIONS
-from specdec.errors import SpecdecError
 from specdec.logprobs import MAX_TOP_LOGPROBS
 from specdec.sampling import derive_seed
 from specdec.v1 import common_pb2, generate_pb2
@@ -41,31 +40,6 @@ KIND_NAMES = {generate_pb2.TOKEN_KIND_ACCEPTED: "accepted",
               generate_pb2.TOKEN_KIND_BONUS: "bonus",
               generate_pb2.TOKEN_KIND_TARGET: "target"}
 FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length"}
-# The gRPC status of a domain error -> (HTTP status, OpenAI error type).
-HTTP_STATUS = {
-    "INVALID_ARGUMENT": (400, "invalid_request_error"),
-    "FAILED_PRECONDITION": (400, "invalid_request_error"),
-    "NOT_FOUND": (404, "not_found_error"),
-    "UNAUTHENTICATED": (401, "authentication_error"),
-    "RESOURCE_EXHAUSTED": (429, "rate_limit_error"),
-    "CANCELLED": (499, "cancelled"),
-    "UNAVAILABLE": (503, "service_unavailable"),
-    "DEADLINE_EXCEEDED": (504, "timeout"),
-    "ABORTED": (409, "conflict"),
-}
-# GenerationService names the GenerateRequest field first in its messages; the OpenAI
-# parameter it came from.
-SERVICE_FIELDS = {"max_new_tokens": "max_tokens", "num_draft_tokens": "num_draft_tokens",
-                  "sampling.temperature": "temperature", "sampling.top_p": "top_p",
-                  "sampling.top_k": "top_k", "sampling.seed": "seed", "stop": "stop",
-                  "sampling.presence_penalty": "presence_penalty",
-                  "sampling.frequency_penalty": "frequency_penalty",
-                  "sampling.repetition_penalty": "repetition_penalty",
-                  "sampling.min_p": "min_p", "sampling.logit_bias": "logit_bias",
-                  "logprobs": "logprobs",
-                  "prompt_token_ids": "prompt", "alpha": "contrastive.alpha",
-                  "beta": "contrastive.beta",
-                  "amateur_temperature": "contrastive.amateur_temperature"}
 INT32_MAX = 2**31 - 1
 DEFAULT_TEMPERATURE = 1.0  # OpenAI's default; send 0 for greedy
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
@@ -82,37 +56,6 @@ CHAT_FIELDS = _COMMON | {"messages", "max_completion_tokens", "top_logprobs", "t
                          "parallel_tool_calls", "store", "metadata", "modalities",
                          "prediction", "audio", "reasoning_effort", "service_tier"}
 COMPLETION_FIELDS = _COMMON | {"prompt", "echo", "best_of", "suffix"}
-
-
-class APIError(Exception):
-    """An error answered in OpenAI's shape: {"error": {message, type, param, code}}."""
-
-    def __init__(self, status: int, message: str, type_: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None):
-        super().__init__(message)
-        self.status, self.message, self.type, self.param, self.code = \
-            status, message, type_, param, code
-
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param,
-                          "code": self.code}}
-
-
-def from_exception(exc: BaseException) -> APIError:
-    """The APIError for any failure of a generation (unknown ones: 500, no details)."""
-    if isinstance(exc, APIError):
-        return exc
-    if isinstance(exc, SpecdecError) and exc.code in HTTP_STATUS:
-        status, type_ = HTTP_STATUS[exc.code]
-        field = exc.message.split(" ", 1)[0].split("[", 1)[0].rstrip(":")
-        return APIError(status, exc.message, type_, SERVICE_FIELDS.get(field),
-                        exc.code.lower())
-    return APIError(500, f"internal error ({type(exc).__name__}); see the server log",
-                    "server_error", code="internal_error")
-
-
-def bad(message: str, param: str | None = None, code: str = "invalid_value") -> APIError:
-    return APIError(400, message, param=param, code=code)
 
 
 @dataclass(frozen=True)
@@ -149,7 +92,7 @@ def chat_request(body, model: str) -> tuple[generate_pb2.GenerateRequest, Option
         raise bad("`logprobs` must be a boolean (the chat API's; top_logprobs says how "
                   "many alternatives)", "logprobs")
     if top is not None:
-        if not _is_int(top) or not 0 <= top <= MAX_TOP_LOGPROBS:
+        if not is_int(top) or not 0 <= top <= MAX_TOP_LOGPROBS:
             raise bad(f"`top_logprobs` must be an integer in [0, {MAX_TOP_LOGPROBS}], got "
                       f"{top!r}", "top_logprobs")
         if not logprobs:
@@ -192,7 +135,7 @@ def completion_request(body, model: str) -> tuple[generate_pb2.GenerateRequest, 
     if logprobs is False:
         logprobs = None
     if logprobs is not None:
-        if not _is_int(logprobs) or not 0 <= logprobs <= MAX_COMPLETION_LOGPROBS:
+        if not is_int(logprobs) or not 0 <= logprobs <= MAX_COMPLETION_LOGPROBS:
             raise bad(f"`logprobs` must be an integer in [0, {MAX_COMPLETION_LOGPROBS}] "
                       f"(alternatives per token), got {logprobs!r}", "logprobs")
         req.logprobs = logprobs
@@ -249,7 +192,7 @@ def set_prompt(req: generate_pb2.GenerateRequest, prompt: str | list[int]) -> No
 def _prompt(prompt, code: str) -> str | list[int]:
     if isinstance(prompt, str) and prompt:
         return prompt
-    if isinstance(prompt, list) and prompt and all(_is_int(t) for t in prompt):
+    if isinstance(prompt, list) and prompt and all(is_int(t) for t in prompt):
         beyond = [t for t in prompt if not 0 <= t <= INT32_MAX]
         if beyond:
             raise bad("`prompt` token ids must be in the model's vocabulary (ids >= 0, "
@@ -262,7 +205,7 @@ def _prompt(prompt, code: str) -> str | list[int]:
 def _object(body, allowed: set[str]) -> dict:
     if not isinstance(body, dict):
         raise bad("the request body must be a JSON object")
-    _check_unicode(body)
+    check_unicode(body)
     unknown = sorted(set(body) - allowed)
     if unknown:
         raise bad(f"unrecognized request argument(s): {', '.join(unknown)}", unknown[0],
@@ -280,31 +223,31 @@ def _common(body: dict, model: str) -> tuple[generate_pb2.GenerateRequest, Optio
                        "not_found_error", "model", "model_not_found")
     n = body.get("n")
     n = 1 if n is None else n
-    if not _is_int(n) or not 1 <= n <= MAX_N:
+    if not is_int(n) or not 1 <= n <= MAX_N:
         raise bad(f"`n` must be an integer in [1, {MAX_N}], got {n!r}", "n")
     penalties = {}
     for name in ("presence_penalty", "frequency_penalty"):
-        penalties[name] = _number(body, name, 0.0)
+        penalties[name] = number(body, name, 0.0)
         if not -2.0 <= penalties[name] <= 2.0:
             raise bad(f"`{name}` must be in [-2, 2], got {penalties[name]}", name)
-    repetition = _number(body, "repetition_penalty", 1.0)
+    repetition = number(body, "repetition_penalty", 1.0)
     if not 0.0 < repetition <= 2.0:
         raise bad(f"`repetition_penalty` must be in (0, 2] (1 = off), got {repetition}",
                   "repetition_penalty")
-    min_p = _number(body, "min_p", 0.0)
+    min_p = number(body, "min_p", 0.0)
     if not 0.0 <= min_p <= 1.0:
         raise bad(f"`min_p` must be in [0, 1] (0 = off), got {min_p}", "min_p")
-    temperature = _number(body, "temperature", DEFAULT_TEMPERATURE)
+    temperature = number(body, "temperature", DEFAULT_TEMPERATURE)
     if not 0.0 <= temperature <= 2.0:
         raise bad(f"`temperature` must be in [0, 2], got {temperature}", "temperature")
-    top_p = _number(body, "top_p", 1.0)
+    top_p = number(body, "top_p", 1.0)
     if not 0.0 < top_p <= 1.0:
         raise bad(f"`top_p` must be in (0, 1], got {top_p}", "top_p")
     seed = body.get("seed")
-    if seed is not None and not _is_int(seed):
+    if seed is not None and not is_int(seed):
         raise bad("`seed` must be an integer", "seed")
     top_k = body.get("top_k", 0)
-    if not _is_int(top_k) or not 0 <= top_k <= INT32_MAX:
+    if not is_int(top_k) or not 0 <= top_k <= INT32_MAX:
         raise bad("`top_k` must be an integer >= 0 (0 = off)", "top_k")
     req = generate_pb2.GenerateRequest(sampling=common_pb2.SamplingParams(
         temperature=temperature, top_p=top_p, top_k=top_k,
@@ -313,7 +256,7 @@ def _common(body: dict, model: str) -> tuple[generate_pb2.GenerateRequest, Optio
         logit_bias=_logit_bias(body.get("logit_bias")), **penalties))
     k = body.get("num_draft_tokens")
     if k is not None:
-        if not _is_int(k) or abs(k) > INT32_MAX:
+        if not is_int(k) or abs(k) > INT32_MAX:
             raise bad("`num_draft_tokens` must be an integer (0 = target only)",
                       "num_draft_tokens")
         req.num_draft_tokens = k
@@ -333,7 +276,7 @@ def _common(body: dict, model: str) -> tuple[generate_pb2.GenerateRequest, Optio
         raise bad("`stream_options` is only allowed with stream: true", "stream_options")
     timeout = body.get("timeout")
     if timeout is not None:
-        timeout = _number(body, "timeout", 0.0)
+        timeout = number(body, "timeout", 0.0)
         if timeout <= 0:
             raise bad("`timeout` must be > 0 seconds", "timeout")
     return req, Options(stream, bool(stream_options.get("include_usage")), timeout, n)
@@ -352,11 +295,11 @@ def _logit_bias(bias) -> dict[int, float]:
         if not (isinstance(key, str) and key.isdigit() and int(key) <= INT32_MAX):
             raise bad(f"`logit_bias` keys must be token ids (non-negative integers), got "
                       f"{key!r}", "logit_bias")
-        number = _number(bias, key, 0.0, "logit_bias")
-        if not -100.0 <= number <= 100.0:
-            raise bad(f"`logit_bias` values must be in [-100, 100], got {number} for "
+        value = number(bias, key, 0.0, "logit_bias")
+        if not -100.0 <= value <= 100.0:
+            raise bad(f"`logit_bias` values must be in [-100, 100], got {value} for "
                       f"token {key}", "logit_bias")
-        out[int(key)] = number
+        out[int(key)] = value
     return out
 
 
@@ -376,7 +319,7 @@ def _decoding(body: dict, req: generate_pb2.GenerateRequest) -> None:
                   "and formulation (each optional)", "contrastive")
     for name in ("alpha", "beta", "amateur_temperature"):
         if cd.get(name) is not None:
-            setattr(req.contrastive, name, _number(cd, name, 0.0, f"contrastive.{name}"))
+            setattr(req.contrastive, name, number(cd, name, 0.0, f"contrastive.{name}"))
     formulation = cd.get("formulation", "obrien")
     if formulation not in FORMULATIONS:
         raise bad(f"`contrastive.formulation` must be one of {', '.join(FORMULATIONS)}, got "
@@ -388,7 +331,7 @@ def _max_tokens(req: generate_pb2.GenerateRequest, value, param: str,
                 least: int = 1) -> None:
     if value is None:
         return  # GenerationService's cap, bounded by the context left after the prompt
-    if not _is_int(value) or not least <= value <= INT32_MAX:
+    if not is_int(value) or not least <= value <= INT32_MAX:
         raise bad(f"`{param}` must be an integer >= {least}"
                   + (" (0 only with echo)" if least == 1 and value == 0 else ""), param)
     req.max_new_tokens = value
@@ -416,54 +359,3 @@ def _message(m, i: int) -> generate_pb2.ChatMessage:
         raise bad(f"messages[{i}].content must be a string or a list of text parts",
                   f"messages[{i}].content")
     return generate_pb2.ChatMessage(role=ROLES[role], content=content)
-
-
-def _number(body: dict, name: str, default: float, param: str | None = None) -> float:
-    value = body.get(name)
-    param = param or name
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise bad(f"`{param}` must be a finite number", param)
-    try:
-        number = float(value)  # an integer beyond a double's range overflows
-    except OverflowError:
-        number = math.inf
-    if not math.isfinite(number):
-        raise bad(f"`{param}` must be a finite number", param)
-    return number
-
-
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _surrogate(text: str) -> str | None:
-    """The first lone surrogate in `text` (JSON's \\ud800 escapes decode to one), if any:
-    such a string has no UTF-8 form, so no tokenizer or protobuf field can take it."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        return text[exc.start]
-    return None
-
-
-def _check_unicode(body: dict) -> None:
-    """400 naming the top-level parameter whose strings (keys included, at any depth)
-    hold a lone surrogate; walked without recursion (json.loads allows deep nesting)."""
-    for key, value in body.items():
-        param = key if _surrogate(key) is None else None  # a name that is itself bad
-        todo = [key, value]
-        while todo:
-            item = todo.pop()
-            if isinstance(item, str):
-                char = _surrogate(item)
-                if char is not None:
-                    where = f"`{param}`" if param is not None else "a parameter name"
-                    raise bad(f"{where} holds a lone surrogate ({ascii(char)}), which is not "
-                              "valid Unicode; send UTF-8 text", param, "invalid_unicode")
-            elif isinstance(item, dict):
-                todo.extend(item.keys())
-                todo.extend(item.values())
-            elif isinstance(item, list):
-                todo.extend(item)

@@ -6,13 +6,8 @@ import json
 
 import pytest
 
-from coordinator.api.openai_api import (
-    APIError,
-    chat_request,
-    completion_request,
-    expand,
-    from_exception,
-)
+from coordinator.api.openai_api import chat_request, completion_request, expand
+from coordinator.api.openai_errors import APIError, from_exception
 from coordinator.api.openai_responses import CHAT, COMPLETION, Responses, sse, usage
 from specdec.errors import DeadlineExceeded, InvalidArgument, ResourceExhausted, Unavailable
 from specdec.v1 import generate_pb2

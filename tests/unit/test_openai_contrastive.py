@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from coordinator.api.openai_api import APIError, chat_request, completion_request, from_exception
+from coordinator.api.openai_api import chat_request, completion_request
+from coordinator.api.openai_errors import APIError, from_exception
 from specdec.errors import FailedPrecondition, InvalidArgument
 from specdec.v1 import common_pb2, generate_pb2
 
