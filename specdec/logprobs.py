@@ -13,8 +13,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+from specdec.v1 import common_pb2
+
+if TYPE_CHECKING:
+    import torch
 
 MAX_TOP_LOGPROBS = 20  # OpenAI's cap on top_logprobs
 
@@ -39,6 +43,8 @@ def logprobs_of(logits: torch.Tensor, asked: Sequence[Sequence[int]],
                 top: int) -> list[TokenLogprobs]:
     """Per row of logits [R, V]: the log-probabilities of asked[r]'s tokens and of the
     row's `top` most likely tokens."""
+    import torch  # lazily: the client reads TokenLogprobs without torch
+
     logp = torch.log_softmax(logits.float(), dim=-1)
     if top > 0:
         top_values, top_ids = torch.topk(logp, top, dim=-1)
@@ -50,3 +56,13 @@ def logprobs_of(logits: torch.Tensor, asked: Sequence[Sequence[int]],
                                  tuple(top_ids[r]) if top > 0 else (),
                                  tuple(top_values[r]) if top > 0 else ()))
     return out
+
+
+def logprobs_to_proto(entry: TokenLogprobs) -> common_pb2.TokenLogprobs:
+    return common_pb2.TokenLogprobs(token_ids=entry.token_ids, logprobs=entry.logprobs,
+                                    top_ids=entry.top_ids, top_logprobs=entry.top_logprobs)
+
+
+def logprobs_from_proto(msg: common_pb2.TokenLogprobs) -> TokenLogprobs:
+    return TokenLogprobs(tuple(msg.token_ids), tuple(msg.logprobs), tuple(msg.top_ids),
+                         tuple(msg.top_logprobs))

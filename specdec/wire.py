@@ -7,7 +7,6 @@ import torch
 from specdec import contrastive
 from specdec.client.request import FORMULATIONS
 from specdec.errors import InvalidArgument, require
-from specdec.logprobs import TokenLogprobs
 from specdec.messages import message_fields
 from specdec.propose import ProposeOptions
 from specdec.runtime.cached_model import ServiceInfo
@@ -39,16 +38,6 @@ def sampling_to_proto(params: SamplingParams) -> common_pb2.SamplingParams:
         repetition_penalty=0.0 if params.repetition_penalty == 1.0
         else params.repetition_penalty, min_p=params.min_p,
         logit_bias=dict(params.logit_bias), prompt_len=params.prompt_len)
-
-
-def logprobs_to_proto(entry: TokenLogprobs) -> common_pb2.TokenLogprobs:
-    return common_pb2.TokenLogprobs(token_ids=entry.token_ids, logprobs=entry.logprobs,
-                                    top_ids=entry.top_ids, top_logprobs=entry.top_logprobs)
-
-
-def logprobs_from_proto(msg: common_pb2.TokenLogprobs) -> TokenLogprobs:
-    return TokenLogprobs(tuple(msg.token_ids), tuple(msg.logprobs), tuple(msg.top_ids),
-                         tuple(msg.top_logprobs))
 
 
 def info_to_proto(info: ServiceInfo) -> common_pb2.ModelInfo:

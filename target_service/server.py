@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from specdec import wire
 from specdec.grpc_server import Service, answer_batch, busy_wait_s
+from specdec.logprobs import logprobs_to_proto
 from specdec.v1 import common_pb2, target_pb2, target_pb2_grpc
 from target_service.engine import TargetEngine, VerifyArgs, VerifyResult
 
@@ -55,8 +56,8 @@ def verify_response(result: VerifyResult) -> target_pb2.VerifyResponse:
         target_probs=r.target_probs, recovered_tokens=r.recovered_tokens,
         bonus_token=r.bonus_token, cached_len=result.cached_len,
     )
-    response.logprobs.extend(wire.logprobs_to_proto(e) for e in r.logprobs or ())
-    response.prompt_logprobs.extend(wire.logprobs_to_proto(e)
+    response.logprobs.extend(logprobs_to_proto(e) for e in r.logprobs or ())
+    response.prompt_logprobs.extend(logprobs_to_proto(e)
                                     for e in r.prompt_logprobs or ())
     for h in result.heads or ():
         response.heads.add(token_ids=h.token_ids.tolist(), values=h.values.tolist())

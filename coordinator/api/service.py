@@ -25,7 +25,7 @@ from specdec.errors import (
     ResourceExhausted,
     require,
 )
-from specdec.logprobs import MAX_TOP_LOGPROBS
+from specdec.logprobs import MAX_TOP_LOGPROBS, logprobs_to_proto
 from specdec.messages import message_from
 from specdec.sampling import SamplingParams
 from specdec.v1 import generate_pb2
@@ -248,10 +248,10 @@ class GenerationService:
                                                    kinds=[int(k) for k in out.kinds[:kept]],
                                                    token_texts=pieces)
                 if out.logprobs is not None:
-                    chunk.logprobs.extend(map(wire.logprobs_to_proto, out.logprobs[:kept]))
+                    chunk.logprobs.extend(map(logprobs_to_proto, out.logprobs[:kept]))
                 if out.prompt_logprobs is not None:
                     chunk.prompt_token_ids.extend(plan.prompt_ids)
-                    chunk.prompt_logprobs.extend(map(wire.logprobs_to_proto,
+                    chunk.prompt_logprobs.extend(map(logprobs_to_proto,
                                                      out.prompt_logprobs))
                 if done:
                     rounds.close()  # frees the sessions now; a pre-draft in flight counts

@@ -18,6 +18,7 @@ import torch
 
 from specdec import wire
 from specdec.contrastive import ContrastiveParams, Head
+from specdec.logprobs import logprobs_from_proto
 from specdec.messages import message_from
 from specdec.propose import ProposeOptions
 from specdec.sampling import SamplingParams
@@ -325,8 +326,8 @@ def target_round_of(resp: target_pb2.VerifyResponse) -> TargetRound:
     return TargetRound(list(resp.target_probs), list(resp.recovered_tokens),
                        resp.bonus_token, resp.pass_sessions, resp.pass_tokens,
                        resp.pass_seconds,
-                       [wire.logprobs_from_proto(e) for e in resp.logprobs] or None,
-                       [wire.logprobs_from_proto(e) for e in resp.prompt_logprobs] or None)
+                       [logprobs_from_proto(e) for e in resp.logprobs] or None,
+                       [logprobs_from_proto(e) for e in resp.prompt_logprobs] or None)
 
 
 def propose_request(sync: SyncRequest, sampling: SamplingParams,

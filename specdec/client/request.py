@@ -55,7 +55,11 @@ def build_request(prompt: str | None = None, *, messages: Iterable[Message] | No
                   num_draft_tokens: int | None = None, decoding: str = "speculative",
                   alpha: float | None = None, beta: float | None = None,
                   amateur_temperature: float | None = None,
-                  formulation: str | None = None) -> generate_pb2.GenerateRequest:
+                  formulation: str | None = None, presence_penalty: float = 0.0,
+                  frequency_penalty: float = 0.0, repetition_penalty: float = 1.0,
+                  min_p: float = 0.0, logit_bias: Mapping[int, float] | None = None,
+                  logprobs: int | None = None,
+                  prompt_logprobs: bool = False) -> generate_pb2.GenerateRequest:
     """The request for one generation.
 
     Give exactly one of `prompt` (raw text), `messages` (chat turns through the model's
@@ -73,11 +77,23 @@ def build_request(prompt: str | None = None, *, messages: Iterable[Message] | No
     expert, the draft as amateur; num_draft_tokens 0 is its plain form, K > 0 its
     speculative form). alpha, beta, amateur_temperature and formulation ("obrien" or
     "li") tune contrastive decoding (None = the server's default: 0.1, 0.5, 1, obrien).
+
+    Speculation stays on with all of these: presence_penalty and frequency_penalty
+    (OpenAI's, [-2, 2], over the generated tokens), repetition_penalty (HF's, (0, 2], 1 =
+    off), min_p (0 = off), logit_bias ({token id: bias in [-100, 100]}). logprobs: each
+    token's raw log-probability and this many alternatives (0-20; None = none);
+    prompt_logprobs: the prompt's too (then max_new_tokens may be 0).
     """
     request = generate_pb2.GenerateRequest(
         max_new_tokens=max_new_tokens, stop=_strings(stop),
         sampling=common_pb2.SamplingParams(temperature=temperature, top_k=top_k or 0,
-                                           top_p=top_p or 0.0, seed=seed or 0))
+                                           top_p=top_p or 0.0, seed=seed or 0,
+                                           presence_penalty=presence_penalty,
+                                           frequency_penalty=frequency_penalty,
+                                           repetition_penalty=0.0 if repetition_penalty == 1.0
+                                           else repetition_penalty, min_p=min_p,
+                                           logit_bias=dict(logit_bias or {})),
+        logprobs=logprobs, prompt_logprobs=prompt_logprobs)
     if prompt is not None:
         request.prompt = prompt
     if messages is not None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from specdec.logprobs import TokenLogprobs
 from specdec.v1 import generate_pb2
 
 
@@ -90,6 +91,11 @@ class Chunk:
     token_texts: tuple[str, ...]
     finish_reason: str | None = None
     stats: Stats | None = None
+    # Asked for (logprobs=...): one per token; the first chunk's prompt_logprobs, one
+    # per prompt token after the first (prompt_logprobs=True), with the prompt's ids.
+    logprobs: tuple[TokenLogprobs, ...] = ()
+    prompt_logprobs: tuple[TokenLogprobs, ...] = ()
+    prompt_token_ids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -106,3 +112,6 @@ class Completion:
     token_texts: tuple[str, ...]
     finish_reason: str
     stats: Stats
+    logprobs: tuple[TokenLogprobs, ...] = ()  # as in Chunk
+    prompt_logprobs: tuple[TokenLogprobs, ...] = ()
+    prompt_token_ids: tuple[int, ...] = ()

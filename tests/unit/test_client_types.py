@@ -107,6 +107,25 @@ def test_a_completion_goes_back_to_the_same_message():
     assert completion_to_proto(completion_from_proto(resp)) == resp
 
 
+def test_log_probabilities_go_back_to_the_same_message():
+    entry = generate_pb2.GenerateChunk(token_ids=[7], kinds=KINDS[:1], token_texts=["x"])
+    entry.logprobs.add(token_ids=[7], logprobs=[-0.5], top_ids=[7, 3],
+                       top_logprobs=[-0.5, -1.25])
+    entry.prompt_token_ids.extend([1, 2])
+    entry.prompt_logprobs.add(token_ids=[2], logprobs=[-3.0])
+    chunk = chunk_from_proto(entry)
+    assert chunk.logprobs[0].top_ids == (7, 3) and chunk.prompt_token_ids == (1, 2)
+    assert chunk_to_proto(chunk) == entry
+
+
+def test_the_client_needs_no_torch():
+    import subprocess
+    import sys
+
+    code = "import sys, specdec.client; assert 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
 def test_results_are_frozen():
     done = completion_from_proto(generate_pb2.GenerateResponse(stats=STATS))
     with pytest.raises(dataclasses.FrozenInstanceError):
@@ -136,6 +155,18 @@ def test_options_reach_the_request():
     assert request.HasField("num_draft_tokens") and request.num_draft_tokens == 0
     assert list(request.stop) == ["\n", "END"]
     assert list(client.build_request("x", stop="END").stop) == ["END"]  # not 3 letters
+
+
+def test_sampling_parameters_and_logprobs_reach_the_request():
+    request = client.build_request("x", presence_penalty=0.5, frequency_penalty=-1.0,
+                                   repetition_penalty=1.25, min_p=0.125,
+                                   logit_bias={3: -100.0}, logprobs=4, prompt_logprobs=True,
+                                   max_new_tokens=0)
+    assert wire.sampling_from_proto(request.sampling) == SamplingParams(
+        presence_penalty=0.5, frequency_penalty=-1.0, repetition_penalty=1.25, min_p=0.125,
+        logit_bias=((3, -100.0),))
+    assert request.logprobs == 4 and request.prompt_logprobs
+    assert not client.build_request("x").HasField("logprobs")
 
 
 def test_messages_as_dicts_or_tuples():

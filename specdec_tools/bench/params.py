@@ -1,0 +1,200 @@
+"""`specdec bench-params`: sampling parameters and the prefix cache, through the real
+services (issue 31).
+
+Speculation stays on with every sampling parameter, and it should pay as much: for each
+variant (plain, penalties, logprobs, both) it runs target-only and speculative decoding
+(the server's K, as `specdec up` deploys it) back to back per prompt and reports the
+speedup (harness.SPEEDUP_DEFINITION) and its ratio to the plain variant's. Greedy runs
+check every variant's speculative text against its own target-only text.
+
+The prefix cache: time to first token of a ~600-token prompt sent a second time, of one
+that shares all but its last line, and of a multi-turn chat's second turn, each over the
+same request with a prefix nobody sent before (the median over repeats).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from contextlib import ExitStack
+from pathlib import Path
+
+from specdec_tools.bench import harness
+from specdec_tools.bench.chat_prompts import PROMPTS
+from specdec_tools.bench.system import SystemScenario
+
+VARIANTS = {  # name -> (sampling fields, logprobs)
+    "plain": ({}, None),
+    "penalties": (dict(presence_penalty=0.5, frequency_penalty=0.5, repetition_penalty=1.1,
+                       logit_bias={11: -2.0}), None),
+    "logprobs": ({}, 5),
+    "penalties+logprobs": (dict(presence_penalty=0.5, frequency_penalty=0.5), 5),
+}
+LINES = [f"Line {i}: the inventory lists {i * 7 % 13} crates of apples, pears and plums "
+         f"shipped from warehouse {i % 5} to the northern depot on day {i}." for i in range(22)]
+
+
+class VariantScenario(SystemScenario):
+    """A chat message with a variant's parameters; K = 0, or the server's (unset)."""
+
+    def __init__(self, service, variant: str, speculative: bool):
+        super().__init__(service, 0 if not speculative else 1)
+        self.variant, self.speculative = variant, speculative
+        self.name = f"{variant}: " + ("specdec" if speculative else "target-only")
+
+    def request(self, message, max_new_tokens, sampling):
+        fields, logprobs = VARIANTS[self.variant]
+        req = super().request(message, max_new_tokens, sampling)
+        if self.speculative:
+            req.ClearField("num_draft_tokens")  # the server's K, load-aware
+        for name, value in fields.items():
+            if name == "logit_bias":
+                req.sampling.logit_bias.update(value)
+            else:
+                setattr(req.sampling, name, value)
+        if logprobs is not None:
+            req.logprobs = logprobs
+        return req
+
+
+def _ttft(service, messages: list[dict]) -> float:
+    from specdec.v1 import generate_pb2
+
+    req = generate_pb2.GenerateRequest(max_new_tokens=1)
+    for m in messages:
+        req.messages.add(**m)
+    t0 = time.perf_counter()
+    for _ in service.stream(req):
+        return time.perf_counter() - t0
+    return time.perf_counter() - t0
+
+
+def prefix_ttft(service, repeats: int, progress) -> dict:
+    """TTFT ratios of the three cache hits over their misses (median of repeats)."""
+    rows = {"repeat": [], "all_but_last_line": [], "second_turn": []}
+    for rep in progress(range(repeats)):
+        tag = f"{time.time_ns()}-{rep}"
+        doc = "\n".join([f"Report {tag}."] + LINES)
+        first = _ttft(service, [{"role": "user", "content": doc + "\nSummarise it."}])
+        rows["repeat"].append(_ttft(service, [{"role": "user",
+                                               "content": doc + "\nSummarise it."}]) / first)
+        rows["all_but_last_line"].append(_ttft(service, [{
+            "role": "user", "content": doc + "\nWhich depot gets them?"}]) / first)
+        turn = [{"role": "user", "content": doc + "\nSummarise it."},
+                {"role": "assistant", "content": "The report lists crates of fruit."},
+                {"role": "user", "content": "Which warehouse shipped the most?"}]
+        fresh = [{"role": "user", "content": f"Report {tag}-new." + doc[len(f'Report {tag}.'):]
+                  + "\nSummarise it."}] + turn[1:]
+        miss = _ttft(service, fresh)  # the same length, nothing cached past the template
+        rows["second_turn"].append(_ttft(service, turn) / miss)
+    return {k: statistics.median(v) for k, v in rows.items()} | {"samples": rows}
+
+
+def run(args) -> int:
+    from tqdm import tqdm
+
+    from coordinator.deploy.config import CoordinatorConfig
+    from coordinator.deploy.setup import build_service
+    from specdec import pair as pairs
+    from specdec.prepare import prepare_smollm2
+    from specdec.runtime.openvino_export import export
+
+    def say(message: str) -> None:
+        print(message, file=sys.stderr, flush=True)
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    hf = prepare_smollm2()
+    export(hf, "fp32", say=say), export(hf, "int8", say=say)
+    pair = pairs.DEFAULT_PAIR.with_models(args.model, args.model)
+    messages = [m for _, m in PROMPTS[:args.prompts]]
+    with ExitStack() as stack:
+        say("== starting target and draft services (the default pair)")
+        running = pairs.start(pair, stack, pin=True)
+        service = build_service(CoordinatorConfig(target=running.target.address,
+                                                  draft=running.draft.address))
+        scenarios = [VariantScenario(service, v, spec) for v in VARIANTS
+                     for spec in (False, True)]
+        samples = harness.run_side_by_side(scenarios, messages, args.max_new_tokens,
+                                           args.repeats, warmup=True, desc="variants",
+                                           say=say)
+        say("== prefix cache: time to first token, hits over misses")
+        ttft = prefix_ttft(service, args.ttft_repeats,
+                           lambda xs: tqdm(xs, desc="prefix cache", unit="repeat"))
+    rows, inexact = [], []
+    for v in VARIANTS:
+        spec, base = f"{v}: specdec", f"{v}: target-only"
+        texts = {(s.prompt, s.repeat): s.token_ids for s in samples if s.scenario == base}
+        if any(s.token_ids != texts[(s.prompt, s.repeat)]
+               for s in samples if s.scenario == spec):
+            inexact.append(v)
+        drafted = sum(s.drafted for s in samples if s.scenario == spec)
+        rows.append(dict(variant=v, speedup=harness.speedup(samples, spec, base),
+                         drafted_tokens=drafted))
+    plain = rows[0]["speedup"]
+    for r in rows:
+        r["vs_plain"] = r["speedup"] / plain if plain else None
+    meta = dict(command=" ".join(sys.argv), date=time.strftime("%Y-%m-%d"),
+                speedup_definition=harness.SPEEDUP_DEFINITION, prompts=len(messages),
+                repeats=args.repeats, max_new_tokens=args.max_new_tokens)
+    md = ["| variant | speedup | / plain's | drafted tokens |", "|---|---|---|---|"]
+    md += [f"| {r['variant']} | {r['speedup']:.2f}x | {r['vs_plain']:.2f} | "
+           f"{r['drafted_tokens']} |" for r in rows]
+    md += ["", "| prefix cache hit | TTFT / miss's (median) |", "|---|---|"]
+    md += [f"| {k.replace('_', ' ')} | {ttft[k]:.2f} |"
+           for k in ("repeat", "all_but_last_line", "second_turn")]
+    md += ["", harness.SPEEDUP_DEFINITION + ".", f"`{meta['command']}`"]
+    (out / "params.md").write_text("\n".join(md) + "\n")
+    (out / "params.json").write_text(json.dumps(dict(rows=rows, ttft=ttft, meta=meta),
+                                                indent=1))
+    _plot(rows, ttft, out / "params.png")
+    print("\n".join(md))
+    if inexact:
+        print(f"FAILURE: greedy speculative output differs from target-only in: "
+              f"{', '.join(inexact)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _plot(rows, ttft, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.5))
+    a.bar([r["variant"] for r in rows], [r["speedup"] for r in rows])
+    a.axhline(1.0, color="grey", lw=0.8)
+    a.set_ylabel("speedup over target-only")
+    a.tick_params(axis="x", labelrotation=20)
+    keys = ("repeat", "all_but_last_line", "second_turn")
+    b.bar([k.replace("_", " ") for k in keys], [ttft[k] for k in keys])
+    b.set_ylabel("TTFT, hit / miss")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "bench-params", help="speedup with penalties and logprobs; prefix-cache TTFT",
+        description="Target-only and speculative decoding side by side per sampling "
+                    "variant (plain, penalties, logprobs, both), through the default pair "
+                    "and the coordinator's defaults, and the prefix cache's time to first "
+                    "token on hits over misses; writes params.json, params.md and "
+                    "params.png. Greedy runs check every text against target-only (exit 1 "
+                    "otherwise). " + harness.SPEEDUP_DEFINITION)
+    p.add_argument("--prompts", type=int, default=8,
+                   help="how many of the general chat prompts (default: %(default)s)")
+    p.add_argument("--max-new-tokens", type=int, default=96,
+                   help="tokens per generation (default: %(default)s)")
+    p.add_argument("--repeats", type=int, default=2,
+                   help="passes over the prompts (default: %(default)s)")
+    p.add_argument("--ttft-repeats", type=int, default=5,
+                   help="prefix-cache measurements, each with a fresh prefix "
+                        "(default: %(default)s)")
+    p.add_argument("--model", default="smollm2-135m", help="model (default: %(default)s)")
+    p.add_argument("--out", default="bench-results",
+                   help="folder for the results (default: %(default)s)")
+    p.set_defaults(func=run)
