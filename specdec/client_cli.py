@@ -22,7 +22,10 @@ def request_options(args: argparse.Namespace) -> dict:
                    top_k=args.top_k, top_p=args.top_p, seed=args.seed, stop=args.stop or (),
                    num_draft_tokens=args.k, decoding=args.decoding, alpha=args.alpha,
                    beta=args.beta, amateur_temperature=args.amateur_temperature,
-                   formulation=args.formulation)
+                   formulation=args.formulation, presence_penalty=args.presence_penalty,
+                   frequency_penalty=args.frequency_penalty,
+                   repetition_penalty=args.repetition_penalty, min_p=args.min_p,
+                   logprobs=args.logprobs)
     if args.chat:
         options["messages"] = [("user", args.prompt)]
     else:
@@ -215,6 +218,20 @@ def add_parsers(sub) -> None:
     g.add_argument("--top-p", type=float, default=0.0, help="0 or 1 = off (default: %(default)s)")
     g.add_argument("--seed", type=int, default=0,
                    help="seed of every random draw; same seed, same text (default: %(default)s)")
+    g.add_argument("--presence-penalty", type=float, default=0.0,
+                   help="OpenAI's presence penalty over the generated tokens, [-2, 2]; "
+                        "speculation stays on (default: %(default)s)")
+    g.add_argument("--frequency-penalty", type=float, default=0.0,
+                   help="OpenAI's frequency penalty, [-2, 2] (default: %(default)s)")
+    g.add_argument("--repetition-penalty", type=float, default=1.0,
+                   help="HF's repetition penalty over prompt and output, (0, 2]; 1 = off "
+                        "(default: %(default)s)")
+    g.add_argument("--min-p", type=float, default=0.0,
+                   help="keep tokens with probability >= min_p * the largest; 0 = off "
+                        "(default: %(default)s)")
+    g.add_argument("--logprobs", type=int, default=None, metavar="N",
+                   help="each token's raw log-probability and its N most likely "
+                        "alternatives (0-20), shown with --json (default: none)")
     g.add_argument("--k", type=int, default=None,
                    help="draft tokens per round; 0 = target only (default: the "
                         "coordinator's)")

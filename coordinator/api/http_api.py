@@ -184,8 +184,18 @@ class OpenAIFrontend:
                 sub.max_new_tokens = self.service.limits.max_new_tokens_cap
         streams = [Stream(self.service.stream(sub, deadline=deadline, tenant=tenant))
                    for sub in subs]
-        firsts = await asyncio.gather(*(s.next(self.executor) for s in streams),
-                                      return_exceptions=True)
+        # Each prompt's first choice first: its prefill leaves the prompt's KV blocks in
+        # both services' prefix caches (docs/design.md, section 23), which its other
+        # choices then share instead of prefilling it again beside it in one pass.
+        firsts: list = [None] * len(streams)
+        for wave in ([i for i in range(len(streams)) if i % opts.n == 0],
+                     [i for i in range(len(streams)) if i % opts.n]):
+            got = await asyncio.gather(*(streams[i].next(self.executor) for i in wave),
+                                       return_exceptions=True)
+            for i, first in zip(wave, got, strict=True):
+                firsts[i] = first
+            if any(isinstance(f, BaseException) for f in got):
+                break
         failed = next((f for f in firsts if isinstance(f, BaseException)), None)
         if failed is not None:
             await asyncio.gather(*(s.close(self.executor) for s in streams))
