@@ -130,6 +130,19 @@ BAD_REQUESTS = [
     (req(prompt="x", sampling=common_pb2.SamplingParams(temperature=1, top_p=2)), "top_p"),
     (req(messages=[generate_pb2.ChatMessage(role="robot", content="hi")]), "role"),
     (req(prompt_token_ids=[1, 768]), "vocabulary"),
+    (req(prompt="x", logprobs=21), "logprobs must be in [0, 20]"),
+    (req(prompt="x", prompt_logprobs=True), "prompt_logprobs needs logprobs"),
+    (req(prompt="x", sampling=common_pb2.SamplingParams(presence_penalty=2.5)),
+     "sampling.presence_penalty"),
+    (req(prompt="x", sampling=common_pb2.SamplingParams(frequency_penalty=-3)),
+     "sampling.frequency_penalty"),
+    (req(prompt="x", sampling=common_pb2.SamplingParams(repetition_penalty=2.5)),
+     "sampling.repetition_penalty"),
+    (req(prompt="x", sampling=common_pb2.SamplingParams(logit_bias={5: 200})),
+     "sampling.logit_bias[5]"),
+    (req(prompt="x", sampling=common_pb2.SamplingParams(logit_bias={900: 1})),
+     "sampling.logit_bias keys"),
+    (req(prompt="x", sampling=common_pb2.SamplingParams(min_p=1.5)), "sampling.min_p"),
 ]
 
 
