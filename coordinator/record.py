@@ -38,6 +38,11 @@ class LoopStats:
     lookup_rounds: int = 0
     lookup_drafted_tokens: int = 0
     lookup_accepted_tokens: int = 0
+    # Predicted Outputs: the prediction's length, and the drafts taken from it (their
+    # rounds are neither in lookup_* nor model rounds; they are in the totals above).
+    prediction_tokens: int = 0
+    prediction_drafted_tokens: int = 0
+    prediction_accepted_tokens: int = 0
     # Rounds that started an all-accepted pre-draft, by outcome: a draft rejected, or all
     # accepted and the bonus not the draft's guess (either way that pre-draft misses).
     guess_rounds: int = 0
@@ -66,7 +71,7 @@ class RoundResult:
     target_pass: tuple[int, int, float] = (0, 0, 0.0)
     draft_step_s: float = 0.0  # the draft's mean pass duration for these drafts (0 = unknown)
     predraft_wait_s: float = 0.0  # waited for the pre-draft that supplied the drafts
-    source: str = "model"  # the drafter that supplied the drafts: "model" | "lookup"
+    source: str = "model"  # the drafter that supplied the drafts: model|lookup|prediction
 
     @property
     def rejected(self) -> bool:
@@ -113,6 +118,9 @@ class Recorder:
                 s.lookup_rounds += 1
                 s.lookup_drafted_tokens += result.k
                 s.lookup_accepted_tokens += accepted
+            elif result.source == "prediction":
+                s.prediction_drafted_tokens += result.k
+                s.prediction_accepted_tokens += accepted
             self.metrics.drafted(result.k, accepted)
             self.metrics.drafter(result.source, result.k, accepted)
 

@@ -20,8 +20,9 @@ specdec's own fields:
 - each chunk (and a unary response) carries `specdec`: the round's token ids, kinds and per-token
   texts (the browser demo colours tokens by kind from these);
 - `usage.completion_tokens_details.accepted_prediction_tokens` /
-  `rejected_prediction_tokens` are the draft tokens the target accepted / rejected
-  (OpenAI's names for predicted-output tokens), and `usage.specdec` has the stats.
+  `rejected_prediction_tokens` are OpenAI's Predicted Outputs counts: the prediction's
+  tokens that the output took / did not take (0 without a prediction); speculation's own
+  counts (drafted, accepted, rounds, ...) are in `usage.specdec`.
 """
 
 from __future__ import annotations
@@ -105,8 +106,7 @@ def chat_request(body, model: str) -> tuple[generate_pb2.GenerateRequest, Option
         raise bad("only response_format {\"type\": \"text\"} is supported", "response_format",
                   "unsupported_parameter")
     if body.get("prediction") is not None:
-        raise bad("`prediction` is not supported: the draft model predicts instead",
-                  "prediction", "unsupported_parameter")
+        req.prediction = _prediction(body["prediction"])
     both = [body.get(n) for n in ("max_tokens", "max_completion_tokens")]
     if None not in both and both[0] != both[1]:
         raise bad("max_tokens and max_completion_tokens differ; give one", "max_tokens")
@@ -280,6 +280,25 @@ def _common(body: dict, model: str) -> tuple[generate_pb2.GenerateRequest, Optio
         if timeout <= 0:
             raise bad("`timeout` must be > 0 seconds", "timeout")
     return req, Options(stream, bool(stream_options.get("include_usage")), timeout, n)
+
+
+def _prediction(prediction) -> str:
+    """OpenAI's Predicted Outputs: {"type": "content", "content": a string or text
+    parts}, as the text."""
+    if not isinstance(prediction, dict) or prediction.get("type") != "content":
+        raise bad('`prediction` must be {"type": "content", "content": ...}, the text the '
+                  "answer is expected to resemble", "prediction")
+    content = prediction.get("content")
+    if isinstance(content, list):
+        if not all(isinstance(p, dict) and p.get("type") == "text"
+                   and isinstance(p.get("text"), str) for p in content):
+            raise bad("`prediction.content` parts must be {\"type\": \"text\", \"text\": ...}",
+                      "prediction")
+        content = "".join(p["text"] for p in content)
+    if not isinstance(content, str):
+        raise bad("`prediction.content` must be a string or a list of text parts",
+                  "prediction")
+    return content
 
 
 def _logit_bias(bias) -> dict[int, float]:

@@ -36,8 +36,12 @@ def usage(stats: generate_pb2.GenerationStats) -> dict:
         "prompt_tokens": stats.prompt_tokens,
         "completion_tokens": stats.generated_tokens,
         "total_tokens": stats.prompt_tokens + stats.generated_tokens,
-        "completion_tokens_details": {"accepted_prediction_tokens": accepted,
-                                      "rejected_prediction_tokens": drafted - accepted},
+        # OpenAI's Predicted Outputs fields count prediction tokens only (speculation's
+        # counts are in `specdec`): accepted, and the prediction's other tokens.
+        "completion_tokens_details": {
+            "accepted_prediction_tokens": stats.prediction_accepted_tokens,
+            "rejected_prediction_tokens": max(0, stats.prediction_tokens
+                                              - stats.prediction_accepted_tokens)},
         "specdec": {
             **counts,
             "acceptance_rate": accepted / drafted if drafted else None,

@@ -12,7 +12,7 @@ import math
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from coordinator.api.text import IncrementalDetokenizer, TextStream
 from coordinator.loop import LoopStats, SpeculativeLoop
@@ -70,6 +70,7 @@ class Plan:
     contrastive: ContrastiveParams | None = None  # contrastive decoding (None: speculative)
     logprobs: int | None = None  # each token's raw log-probability, with this many top
     prompt_logprobs: bool = False  # ... and the prompt's
+    prediction: list[int] = field(default_factory=list)  # Predicted Outputs' token ids
 
 
 class GenerationService:
@@ -134,7 +135,22 @@ class GenerationService:
         return Plan(ids, min(req.max_new_tokens, room), replace(sampling, prompt_len=len(ids)),
                     k, list(req.stop), k_from_server=not req.HasField("num_draft_tokens"),
                     contrastive=contrastive, logprobs=logprobs,
-                    prompt_logprobs=req.prompt_logprobs)
+                    prompt_logprobs=req.prompt_logprobs,
+                    prediction=self._prediction(req, contrastive))
+
+    def _prediction(self, req, contrastive) -> list[int]:
+        """Predicted Outputs' text as token ids (empty without one)."""
+        if not req.prediction:
+            return []
+        require(contrastive is None, "prediction is for speculative decoding; contrastive "
+                                     "decoding samples another distribution")
+        require(self.tokenizer is not None,
+                "prediction needs the coordinator's tokenizer, and this one has none")
+        ids = list(self.tokenizer.encode(req.prediction, add_special_tokens=False))
+        require(len(ids) <= self.limits.max_context,
+                f"prediction is {len(ids)} tokens, more than the model's context "
+                f"({self.limits.max_context})")
+        return ids
 
     def _contrastive(self, req, sampling: SamplingParams) -> ContrastiveParams | None:
         """The contrastive parameters of a CONTRASTIVE request (None for SPECULATIVE)."""
@@ -211,7 +227,8 @@ class GenerationService:
                                   self.eos_token_ids, stats, load_aware=plan.k_from_server,
                                   contrastive=plan.contrastive, tenant=tenant,
                                   logprobs=plan.logprobs,
-                                  prompt_logprobs=plan.prompt_logprobs)
+                                  prompt_logprobs=plan.prompt_logprobs,
+                                  prediction=plan.prediction)
         generated = 0
         reason = "length"
         try:

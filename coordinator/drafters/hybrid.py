@@ -22,9 +22,11 @@ from coordinator.drafters.base import LOOKUP, MODEL, Drafts, Outcome
 from coordinator.drafters.costs import UNIQUE, LookupSettings
 from coordinator.drafters.lookup import LookupDrafter
 from coordinator.drafters.model import ModelDrafter
+from coordinator.drafters.prediction import PREDICTION
 from coordinator.drafters.trie import Lookup
 
 _DECAY = 0.3  # weight of the newest round in the model's accepted drafts per round
+TRUST = 0.5  # a prediction accepted at least this well per token drafts outright
 
 
 class HybridDrafter:
@@ -42,7 +44,11 @@ class HybridDrafter:
         return self.model.propose(context, k)
 
     def choose(self, found: Lookup, model_ready: bool) -> str:
-        """LOOKUP or MODEL: the one with more expected tokens per unit of cost."""
+        """LOOKUP or MODEL: the one with more expected tokens per unit of cost. A client's
+        prediction that is holding (per-token acceptance at least TRUST) is taken
+        outright: its runs are long, and the client says the text is likely."""
+        if found.source == PREDICTION and self.lookup.prediction.rate >= TRUST:
+            return LOOKUP
         s = self.settings
         if self.model_accepted is None:
             return LOOKUP if found.match_len >= s.min_match and not model_ready else MODEL

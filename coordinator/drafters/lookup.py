@@ -9,7 +9,8 @@ chosen, not drawn, so a sampled round accepts x_i with probability p_i(x_i) and 
 rejection resamples from p_i without x_i (coordinator.lookup_round).
 
 With an output cache (--lookup-cache) it also drafts from the tenant's recent outputs,
-and adds this output to them when the generation ends.
+and adds this output to them when the generation ends. With a client's prediction
+(Predicted Outputs, coordinator.drafters.prediction) it drafts from that first.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from collections.abc import Sequence
 
 from coordinator.drafters.base import LOOKUP, NO_DRAFTS, Drafts, Outcome
 from coordinator.drafters.costs import UNIQUE, Acceptance, LookupSettings, best_length
+from coordinator.drafters.prediction import PREDICTION, Prediction
 from coordinator.drafters.trie import NO_LOOKUP, Lookup, OutputCache, SuffixTrie, better
 from specdec import wire
 
@@ -27,7 +29,7 @@ class LookupDrafter:
 
     def __init__(self, prompt: Sequence[int], settings: LookupSettings, greedy: bool = True,
                  cache: OutputCache | None = None, tenant: str | None = None,
-                 request_k: int = 0):
+                 request_k: int = 0, prediction: Prediction | None = None):
         self.settings, self.greedy = settings, greedy
         self.request_k = request_k  # the generation's K when the load does not lower it
         self.cache = cache if tenant is not None else None
@@ -38,6 +40,9 @@ class LookupDrafter:
         self.output: list[int] = []
         self.acceptance = Acceptance(greedy)
         self.last: Lookup = NO_LOOKUP  # what the latest proposal was built from
+        self.prediction = prediction  # the client's predicted output (Predicted Outputs)
+        self.max_tokens = max(settings.max_tokens,
+                              prediction.max_tokens if prediction is not None else 0)
 
     def find(self, context: Sequence[int], k: int) -> Lookup:
         """The look-up's best proposal of at most k drafts after `context` (NO_LOOKUP
@@ -48,6 +53,11 @@ class LookupDrafter:
         n = min(k, s.max_tokens)
         if n <= 0:
             return NO_LOOKUP
+        if self.prediction is not None:  # the client's prediction first, while it holds
+            predicted = self.prediction.find(context, k)
+            if predicted:
+                self.last = predicted
+                return predicted
         found = self.trie.draft(context, n, s.max_match, s.min_prob)
         if self.cache is not None:
             found = better(found, self.cache.draft(self.tenant, context, n, s.max_match,
@@ -68,12 +78,12 @@ class LookupDrafter:
         """The look-up's cap when the round's K is k: its own maximum (it may draft more
         than K: its drafts cost the draft service nothing) unless the planner lowered K
         below the generation's, which says the target is loaded: then k."""
-        return self.settings.max_tokens if k >= self.request_k else k
+        return self.max_tokens if k >= self.request_k else k
 
     def drafts(self, found: Lookup) -> Drafts:
         tokens = list(found.tokens)
         dists = [] if self.greedy else [wire.point_mass_dist(t) for t in tokens]
-        return Drafts(tokens, dists, [1.0] * len(tokens), LOOKUP)
+        return Drafts(tokens, dists, [1.0] * len(tokens), found.source)
 
     def prepare(self, context, drafts, k, seeds=(None, None)):
         return None  # nothing to ask anyone
@@ -84,6 +94,8 @@ class LookupDrafter:
     has_drafts = False
 
     def observe(self, outcome: Outcome) -> None:
+        if outcome.drafts.source == PREDICTION and outcome.drafts:
+            self.prediction.observe(len(outcome.drafts), outcome.accepted)
         if outcome.drafts.source == LOOKUP and outcome.drafts:
             last = self.last
             self.acceptance.observe(last.match_len, len(outcome.drafts), outcome.accepted,

@@ -50,6 +50,8 @@ class Lookup:
     match_len: int
     expected: float
     first_prob: float = 1.0  # the first draft's empirical probability (1: one continuation)
+    source: str = "lookup"  # what it was looked up in (Drafts.source): the text seen, or
+    # a prediction (coordinator.drafters.prediction)
 
     def __bool__(self) -> bool:
         return bool(self.tokens)

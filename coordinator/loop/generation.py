@@ -52,13 +52,15 @@ class Generation:
                  sampling: SamplingParams, k: int, eos_token_ids=(),
                  stats: LoopStats | None = None, speculative: bool = True,
                  tenant: str | None = None, fixed_k: bool = True,
-                 logprobs: int | None = None, prompt_logprobs: bool = False):
+                 logprobs: int | None = None, prompt_logprobs: bool = False,
+                 prediction=()):
         self.shared, self.sampling = shared, sampling
         self.committed = TokenPrefix(prompt)
         self.logprobs = logprobs  # the raw model's log-probabilities, with this many top
         # The prompt's, by position (1..len - 1), until every one is in.
         self.prompt_len = len(prompt)
         self.prompt_scores: dict[int, object] | None = {} if prompt_logprobs else None
+        self.prediction = list(prediction)  # Predicted Outputs' token ids (the drafter's)
         self.max_new_tokens, self.eos = max_new_tokens, set(eos_token_ids)
         self.k, self.tenant = k, tenant
         self.fixed_k = fixed_k  # K is the request's (else the planner's, at most k)
@@ -68,6 +70,7 @@ class Generation:
         self.uniforms = generator(sampling.seed, "uniforms")
         self.record = Recorder(stats if stats is not None else LoopStats(), shared.metrics,
                                k)
+        self.record.stats.prediction_tokens = len(self.prediction)
         self.meter = WireBytes()
         self.pins = Pins()
         self.target = TargetLink(shared.target, self.pins, self.session_id, self.record,
@@ -97,10 +100,13 @@ class Generation:
         model = self.draft is not None and self.draft.ready()
         fed = len(self.committed) - self.draft.view.plan(self.committed)[0] if model else 0
         target_new = len(self.committed) - self.target.view.plan(self.committed)[0]
-        may_draft = self.drafter is not None and (drafting or self.fixed_k)
+        # A client's prediction drafts whatever the arm and the load: its drafts cost the
+        # draft service nothing, and K only caps them (as a look-up's).
+        predicted = bool(self.prediction)
+        may_draft = self.drafter is not None and (drafting or self.fixed_k or predicted)
         return Candidate(self.acceptance.rate,
                          max(0, min(self.k, self.remaining - 1)) if may_draft else 0,
-                         model, self.fixed_k, fed, self.remaining,
+                         model and not predicted, self.fixed_k, fed, self.remaining,
                          min(target_new, PREFILL_CHUNK) - 1,
                          self.drafter is not None and self.drafter.has_drafts,
                          model and not self.draft.view.tokens, self.sampling.greedy)

@@ -31,6 +31,7 @@ from coordinator.drafters.costs import LookupSettings
 from coordinator.drafters.hybrid import HybridDrafter
 from coordinator.drafters.lookup import LookupDrafter
 from coordinator.drafters.model import ModelDrafter
+from coordinator.drafters.prediction import Prediction
 from coordinator.drafters.trie import OutputCache
 from coordinator.loop.contrastive import contrastive_rounds
 from coordinator.loop.engine import Engine
@@ -119,10 +120,13 @@ class SpeculativeLoop:
                 if p.confidence_exit else None
             model = ModelDrafter(gen.draft, gen.sampling, gen.record, self.max_propose,
                                  p.top_n, exit_)
-        if not self.drafts_by_lookup:
+        prediction = Prediction(gen.prediction, gen.prompt_len, self.max_verify) \
+            if gen.prediction else None
+        if not self.drafts_by_lookup and prediction is None:
             return model
         lookup = LookupDrafter(gen.committed.tokens, self.lookup, gen.sampling.greedy,
-                               self.output_cache, gen.tenant, gen.k)
+                               self.output_cache if self.drafts_by_lookup else None,
+                               gen.tenant, gen.k, prediction)
         return lookup if model is None else HybridDrafter(model, lookup, self.lookup)
 
     def rounds(self, prompt_ids: Sequence[int], max_new_tokens: int, sampling: SamplingParams,
@@ -130,6 +134,7 @@ class SpeculativeLoop:
                stats: LoopStats | None = None, load_aware: bool = False,
                contrastive: ContrastiveParams | None = None, tenant: str | None = None,
                logprobs: int | None = None, prompt_logprobs: bool = False,
+               prediction: Sequence[int] = (),
                ) -> Iterator[RoundOutput]:
         """Run a generation round by round. Closing the iterator early (a stop string,
         a cancelled client) releases both sessions at once. `load_aware`: K was left to
@@ -139,18 +144,22 @@ class SpeculativeLoop:
         K (0 = the plain form); it needs the draft. `tenant`: whose recent outputs the
         look-up may draft from and add this output to (when the output cache is on);
         None = neither. `logprobs`: each token's raw log-probability and this many top
-        alternatives (RoundOutput.logprobs); `prompt_logprobs`: the prompt's too."""
+        alternatives (RoundOutput.logprobs); `prompt_logprobs`: the prompt's too.
+        `prediction`: the token ids the output is expected to resemble (Predicted
+        Outputs): the look-up drafts from them first (coordinator.drafters.prediction)."""
         if contrastive is not None:
             yield from contrastive_rounds(self, prompt_ids, max_new_tokens, sampling,
                                           num_draft_tokens, eos_token_ids, stats,
                                           load_aware, contrastive)
             return
-        speculative = num_draft_tokens > 0 and (self.draft is not None or self.drafts_by_lookup)
+        speculative = num_draft_tokens > 0 and (
+            self.draft is not None or self.drafts_by_lookup or bool(prediction))
         gen = Generation(self.shared, list(prompt_ids), max_new_tokens, sampling,
                          num_draft_tokens if speculative else 0, eos_token_ids, stats,
                          speculative, tenant if speculative else None,
                          fixed_k=not (load_aware or self.policy.adaptive_k),
-                         logprobs=logprobs, prompt_logprobs=prompt_logprobs)
+                         logprobs=logprobs, prompt_logprobs=prompt_logprobs,
+                         prediction=prediction if speculative else ())
         gen.record.started()
         self.engine.join(gen)
         try:

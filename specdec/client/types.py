@@ -55,6 +55,10 @@ class Stats:
     guess_bonus_misses: int = 0
     # Who served it (only from a coordinator run with --expose-replicas): the coordinator
     # replica and Ray node, and the draft and target replicas it was pinned to, in order.
+    # Predicted Outputs: the prediction's tokens, and the drafts taken from it / accepted.
+    prediction_tokens: int = 0
+    prediction_drafted_tokens: int = 0
+    prediction_accepted_tokens: int = 0
     coordinator_replica: str = ""
     coordinator_node: str = ""
     draft_replicas: tuple[str, ...] = ()

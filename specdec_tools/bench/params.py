@@ -1,11 +1,16 @@
-"""`specdec bench-params`: sampling parameters and the prefix cache, through the real
-services (issue 31).
+"""`specdec bench-params`: sampling parameters, Predicted Outputs and the prefix cache,
+through the real services (issues 31, 32).
 
 Speculation stays on with every sampling parameter, and it should pay as much: for each
 variant (plain, penalties, logprobs, both) it runs target-only and speculative decoding
 (the server's K, as `specdec up` deploys it) back to back per prompt and reports the
 speedup (harness.SPEEDUP_DEFINITION) and its ratio to the plain variant's. Greedy runs
 check every variant's speculative text against its own target-only text.
+
+Predicted Outputs: the plain request with its target-only answer as the prediction,
+and with an edited one (a sentence inserted, a stretch taken out): the speedup over
+plain target-only, the share of completion tokens accepted from the prediction, and the
+prediction's tokens not taken. Both must give the target-only text.
 
 The prefix cache: time to first token of a ~600-token prompt sent a second time, of one
 that shares all but its last line, and of a multi-turn chat's second turn, each over the
@@ -21,6 +26,7 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 
+from specdec.sampling import SamplingParams
 from specdec_tools.bench import harness
 from specdec_tools.bench.chat_prompts import PROMPTS
 from specdec_tools.bench.system import SystemScenario
@@ -37,12 +43,20 @@ LINES = [f"Line {i}: the inventory lists {i * 7 % 13} crates of apples, pears an
 
 
 class VariantScenario(SystemScenario):
-    """A chat message with a variant's parameters; K = 0, or the server's (unset)."""
+    """A chat message with a variant's parameters; K = 0, or the server's (unset).
+    `answers`: where the plain target-only run leaves each message's text."""
 
-    def __init__(self, service, variant: str, speculative: bool):
+    def __init__(self, service, variant: str, speculative: bool, answers: dict | None = None):
         super().__init__(service, 0 if not speculative else 1)
-        self.variant, self.speculative = variant, speculative
+        self.variant, self.speculative, self.answers = variant, speculative, answers
         self.name = f"{variant}: " + ("specdec" if speculative else "target-only")
+
+    def run(self, message, max_new_tokens, sampling):
+        sample = super().run(message, max_new_tokens, sampling)
+        sample.stats = self.last_stats
+        if self.answers is not None:
+            self.answers[message] = sample.text
+        return sample
 
     def request(self, message, max_new_tokens, sampling):
         fields, logprobs = VARIANTS[self.variant]
@@ -57,6 +71,34 @@ class VariantScenario(SystemScenario):
         if logprobs is not None:
             req.logprobs = logprobs
         return req
+
+
+def edit(text: str) -> str:
+    """A prediction as an edit would leave it: a sentence inserted a third of the way
+    in, and a stretch before the middle taken out."""
+    third, half = len(text) // 3, len(text) // 2
+    return text[:third] + " Here is one more thing to add. " + text[half:]
+
+
+class PredictionScenario(SystemScenario):
+    """The plain request with the target-only answer as its prediction (or `edit`ed)."""
+
+    def __init__(self, service, answers: dict, edited: bool):
+        super().__init__(service, 1)
+        self.answers, self.edited = answers, edited
+        self.name = "prediction: " + ("edited" if edited else "the answer")
+
+    def request(self, message, max_new_tokens, sampling):
+        req = super().request(message, max_new_tokens, sampling)
+        req.ClearField("num_draft_tokens")
+        answer = self.answers[message]
+        req.prediction = edit(answer) if self.edited else answer
+        return req
+
+    def run(self, message, max_new_tokens, sampling):
+        sample = super().run(message, max_new_tokens, sampling)
+        sample.stats = self.last_stats
+        return sample
 
 
 def _ttft(service, messages: list[dict]) -> float:
@@ -115,8 +157,14 @@ def run(args) -> int:
         running = pairs.start(pair, stack, pin=True)
         service = build_service(CoordinatorConfig(target=running.target.address,
                                                   draft=running.draft.address))
-        scenarios = [VariantScenario(service, v, spec) for v in VARIANTS
-                     for spec in (False, True)]
+        answers: dict[str, str] = {}
+        scenarios = [VariantScenario(service, v, spec, answers if (v, spec) == ("plain", False)
+                                     else None) for v in VARIANTS for spec in (False, True)]
+        scenarios += [PredictionScenario(service, answers, edited) for edited in (False, True)]
+        # One token of each prompt first: every scenario then finds the prompt in the
+        # prefix cache alike (else the first to run would pay its prefill alone).
+        for message in messages:
+            scenarios[0].run(message, 1, SamplingParams())
         samples = harness.run_side_by_side(scenarios, messages, args.max_new_tokens,
                                            args.repeats, warmup=True, desc="variants",
                                            say=say)
@@ -133,15 +181,32 @@ def run(args) -> int:
         drafted = sum(s.drafted for s in samples if s.scenario == spec)
         rows.append(dict(variant=v, speedup=harness.speedup(samples, spec, base),
                          drafted_tokens=drafted))
+    base = "plain: target-only"
+    texts = {(s.prompt, s.repeat): s.token_ids for s in samples if s.scenario == base}
+    for name in ("prediction: the answer", "prediction: edited"):
+        mine = [s for s in samples if s.scenario == name]
+        if any(s.token_ids != texts[(s.prompt, s.repeat)] for s in mine):
+            inexact.append(name)
+        tokens = sum(s.tokens for s in mine)
+        accepted = sum(s.stats.prediction_accepted_tokens for s in mine)
+        rejected = sum(max(0, s.stats.prediction_tokens - s.stats.prediction_accepted_tokens)
+                       for s in mine)
+        rows.append(dict(variant=name, speedup=harness.speedup(samples, name, base),
+                         drafted_tokens=sum(s.drafted for s in mine),
+                         accepted_prediction_share=accepted / tokens if tokens else None,
+                         rejected_prediction_tokens=rejected))
     plain = rows[0]["speedup"]
     for r in rows:
         r["vs_plain"] = r["speedup"] / plain if plain else None
     meta = dict(command=" ".join(sys.argv), date=time.strftime("%Y-%m-%d"),
                 speedup_definition=harness.SPEEDUP_DEFINITION, prompts=len(messages),
                 repeats=args.repeats, max_new_tokens=args.max_new_tokens)
-    md = ["| variant | speedup | / plain's | drafted tokens |", "|---|---|---|---|"]
+    md = ["| variant | speedup | / plain's | drafted tokens | accepted prediction tokens "
+          "/ completion tokens | rejected prediction tokens |", "|---|---|---|---|---|---|"]
     md += [f"| {r['variant']} | {r['speedup']:.2f}x | {r['vs_plain']:.2f} | "
-           f"{r['drafted_tokens']} |" for r in rows]
+           f"{r['drafted_tokens']} | "
+           + (f"{r['accepted_prediction_share']:.2f} | {r['rejected_prediction_tokens']} |"
+              if "accepted_prediction_share" in r else "- | - |") for r in rows]
     md += ["", "| prefix cache hit | TTFT / miss's (median) |", "|---|---|"]
     md += [f"| {k.replace('_', ' ')} | {ttft[k]:.2f} |"
            for k in ("repeat", "all_but_last_line", "second_turn")]

@@ -39,13 +39,12 @@ def test_chat_unary_equals_grpc(client, model, generator_stub, k):
     # The counts are this generation's: with K set, which rounds had drafts at hand depends
     # on timing (a greedy round whose pre-draft missed may wait for drafts when the
     # planner says it pays), so they are checked against themselves, not the gRPC run's.
-    assert details.accepted_prediction_tokens == specdec["accepted_tokens"]
-    assert details.rejected_prediction_tokens == \
-        specdec["drafted_tokens"] - specdec["accepted_tokens"]
+    # no prediction: OpenAI's prediction fields are 0; speculation's are specdec's
+    assert details.accepted_prediction_tokens == details.rejected_prediction_tokens == 0
     if k:
         assert ref.stats.drafted_tokens > 0 and specdec["drafted_tokens"] > 0
     else:
-        assert details.accepted_prediction_tokens == 0 and specdec["drafted_tokens"] == 0
+        assert specdec["drafted_tokens"] == 0
     assert out.usage.model_extra["specdec"]["rounds"] >= 1
 
 

@@ -41,7 +41,7 @@ class FakeLoop:
 
     def rounds(self, prompt_ids, max_new_tokens, sampling, k, eos_ids, stats,
                load_aware=False, contrastive=None, tenant=None, logprobs=None,
-               prompt_logprobs=False):
+               prompt_logprobs=False, prediction=()):
         self.calls.append(dict(prompt_ids=list(prompt_ids), max_new_tokens=max_new_tokens,
                                sampling=sampling, k=k, eos_ids=list(eos_ids), tenant=tenant))
         assert isinstance(stats, LoopStats)

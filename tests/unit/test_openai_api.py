@@ -208,8 +208,14 @@ def test_chunks_and_usage_in_openais_shapes():
                                          drafted_tokens=4, accepted_tokens=3, seconds=0.5)
     u = usage(stats)
     assert (u["prompt_tokens"], u["completion_tokens"], u["total_tokens"]) == (4, 3, 7)
-    assert u["completion_tokens_details"] == {"accepted_prediction_tokens": 3,
-                                              "rejected_prediction_tokens": 1}
+    # OpenAI's prediction fields count Predicted Outputs only: 0 without a prediction
+    assert u["completion_tokens_details"] == {"accepted_prediction_tokens": 0,
+                                              "rejected_prediction_tokens": 0}
+    predicted = generate_pb2.GenerationStats(prediction_tokens=10,
+                                             prediction_drafted_tokens=8,
+                                             prediction_accepted_tokens=7)
+    assert usage(predicted)["completion_tokens_details"] == {
+        "accepted_prediction_tokens": 7, "rejected_prediction_tokens": 3}
     assert u["specdec"]["acceptance_rate"] == 0.75 and u["specdec"]["tokens_per_round"] == 1.5
     assert usage(generate_pb2.GenerationStats())["specdec"]["acceptance_rate"] is None
     tail = r.usage_chunk(stats)
