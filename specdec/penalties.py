@@ -44,23 +44,29 @@ def penalise(logits: torch.Tensor, params: SamplingParams, context: Sequence[int
     if params.repetition_penalty == 1.0 and not (params.presence_penalty
                                                  or params.frequency_penalty):
         return out
-    history = torch.tensor(list(context), dtype=torch.long)
-    later = torch.tensor(list(drafts[:rows - 1]), dtype=torch.long)
+    # Only the tokens seen so far are touched: work on those columns alone ([R, U], U
+    # the distinct tokens of the context and the drafts), not on the whole vocabulary.
+    history, later = list(context), list(drafts[:rows - 1])
+    seen_ids = sorted(set(history) | set(later))
+    column = {t: i for i, t in enumerate(seen_ids)}
+    ids = torch.tensor(seen_ids, dtype=torch.long)
     # counts[r]: the generated tokens before row r (the drafts are all generated)
-    counts = torch.zeros(rows, vocab, dtype=torch.float32)
-    generated = history[params.prompt_len:]
-    if len(generated):
-        counts += torch.bincount(generated, minlength=vocab)[:vocab].float()
-    for r, token in enumerate(later.tolist(), start=1):
-        counts[r:, token] += 1.0
+    generated = torch.tensor([column[t] for t in history[params.prompt_len:]],
+                             dtype=torch.long)
+    counts = torch.bincount(generated, minlength=len(seen_ids)).float() \
+        .expand(rows, -1).clone()
+    for r, t in enumerate(later, start=1):
+        counts[r:, column[t]] += 1.0
+    sub = out[:, ids]
     if params.repetition_penalty != 1.0:
         seen = counts > 0
-        prompt = history[:params.prompt_len]
-        if len(prompt):
+        prompt = sorted({column[t] for t in history[:params.prompt_len]})
+        if prompt:
             seen[:, prompt] = True
         penalty = params.repetition_penalty
-        hit = torch.where(out > 0, out / penalty, out * penalty)
-        out = torch.where(seen, hit, out)
+        sub = torch.where(seen, torch.where(sub > 0, sub / penalty, sub * penalty), sub)
     if params.frequency_penalty or params.presence_penalty:
-        out -= counts * params.frequency_penalty + (counts > 0) * params.presence_penalty
+        sub = sub - (counts * params.frequency_penalty
+                     + (counts > 0) * params.presence_penalty)
+    out[:, ids] = sub
     return out
