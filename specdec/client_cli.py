@@ -25,7 +25,7 @@ def request_options(args: argparse.Namespace) -> dict:
                    formulation=args.formulation, presence_penalty=args.presence_penalty,
                    frequency_penalty=args.frequency_penalty,
                    repetition_penalty=args.repetition_penalty, min_p=args.min_p,
-                   logprobs=args.logprobs)
+                   logprobs=args.logprobs, prediction=args.prediction)
     if args.chat:
         options["messages"] = [("user", args.prompt)]
     else:
@@ -232,6 +232,10 @@ def add_parsers(sub) -> None:
     g.add_argument("--logprobs", type=int, default=None, metavar="N",
                    help="each token's raw log-probability and its N most likely "
                         "alternatives (0-20), shown with --json (default: none)")
+    g.add_argument("--prediction", default="", metavar="TEXT",
+                   help="text the answer is expected to resemble (Predicted Outputs: "
+                        "drafted from, realigned after edits; the output stays the "
+                        "target's) (default: none)")
     g.add_argument("--k", type=int, default=None,
                    help="draft tokens per round; 0 = target only (default: the "
                         "coordinator's)")

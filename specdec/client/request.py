@@ -37,6 +37,14 @@ class GenerateOptions(TypedDict, total=False):
     beta: float | None
     amateur_temperature: float | None
     formulation: str | None
+    presence_penalty: float
+    frequency_penalty: float
+    repetition_penalty: float
+    min_p: float
+    logit_bias: Mapping[int, float] | None
+    logprobs: int | None
+    prompt_logprobs: bool
+    prediction: str
 
 
 # The names of the decoding modes and contrastive formulations, everywhere a person writes
@@ -58,8 +66,8 @@ def build_request(prompt: str | None = None, *, messages: Iterable[Message] | No
                   formulation: str | None = None, presence_penalty: float = 0.0,
                   frequency_penalty: float = 0.0, repetition_penalty: float = 1.0,
                   min_p: float = 0.0, logit_bias: Mapping[int, float] | None = None,
-                  logprobs: int | None = None,
-                  prompt_logprobs: bool = False) -> generate_pb2.GenerateRequest:
+                  logprobs: int | None = None, prompt_logprobs: bool = False,
+                  prediction: str = "") -> generate_pb2.GenerateRequest:
     """The request for one generation.
 
     Give exactly one of `prompt` (raw text), `messages` (chat turns through the model's
@@ -82,7 +90,8 @@ def build_request(prompt: str | None = None, *, messages: Iterable[Message] | No
     (OpenAI's, [-2, 2], over the generated tokens), repetition_penalty (HF's, (0, 2], 1 =
     off), min_p (0 = off), logit_bias ({token id: bias in [-100, 100]}). logprobs: each
     token's raw log-probability and this many alternatives (0-20; None = none);
-    prompt_logprobs: the prompt's too (then max_new_tokens may be 0).
+    prompt_logprobs: the prompt's too (then max_new_tokens may be 0). prediction: text
+    the output is expected to resemble (Predicted Outputs; the look-up drafts from it).
     """
     request = generate_pb2.GenerateRequest(
         max_new_tokens=max_new_tokens, stop=_strings(stop),
@@ -93,7 +102,7 @@ def build_request(prompt: str | None = None, *, messages: Iterable[Message] | No
                                            repetition_penalty=0.0 if repetition_penalty == 1.0
                                            else repetition_penalty, min_p=min_p,
                                            logit_bias=dict(logit_bias or {})),
-        logprobs=logprobs, prompt_logprobs=prompt_logprobs)
+        logprobs=logprobs, prompt_logprobs=prompt_logprobs, prediction=prediction)
     if prompt is not None:
         request.prompt = prompt
     if messages is not None:

@@ -167,6 +167,16 @@ def test_sampling_parameters_and_logprobs_reach_the_request():
         logit_bias=((3, -100.0),))
     assert request.logprobs == 4 and request.prompt_logprobs
     assert not client.build_request("x").HasField("logprobs")
+    assert client.build_request("x", prediction="the text").prediction == "the text"
+
+
+def test_every_build_request_option_is_a_typed_option():
+    import inspect
+
+    from specdec.client.request import GenerateOptions
+
+    options = set(inspect.signature(client.build_request).parameters) - {"prompt"}
+    assert options == set(GenerateOptions.__annotations__)
 
 
 def test_messages_as_dicts_or_tuples():
