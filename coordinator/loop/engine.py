@@ -126,8 +126,10 @@ class Engine:
             r.seconds = wall
             self._settle(r, r.gen.observe)
         self._measure(rounds, wall, verify_s, draft_s, fetch_s)
-        self.governor.observe(len(gens), sum(len(r.output.tokens) for r in rounds
-                                             if r.output is not None), wall)
+        if not any(g.prediction for g in gens):  # a prediction's long runs (in either
+            # arm) say nothing of what the draft model earns: such steps are not counted
+            self.governor.observe(len(gens), sum(len(r.output.tokens) for r in rounds
+                                                 if r.output is not None), wall)
         if log.isEnabledFor(logging.DEBUG):
             log.debug("step %d: %d gens, a %s, K %s, drafts %s, wall %.1f ms, verify %.1f "
                       "ms, draft %.1f ms, arm %s, costs %s; %s", self.steps, len(gens),
