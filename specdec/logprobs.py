@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from specdec.messages import message_fields, message_from
 from specdec.v1 import common_pb2
 
 if TYPE_CHECKING:
@@ -59,10 +60,8 @@ def logprobs_of(logits: torch.Tensor, asked: Sequence[Sequence[int]],
 
 
 def logprobs_to_proto(entry: TokenLogprobs) -> common_pb2.TokenLogprobs:
-    return common_pb2.TokenLogprobs(token_ids=entry.token_ids, logprobs=entry.logprobs,
-                                    top_ids=entry.top_ids, top_logprobs=entry.top_logprobs)
+    return message_from(common_pb2.TokenLogprobs, entry)
 
 
 def logprobs_from_proto(msg: common_pb2.TokenLogprobs) -> TokenLogprobs:
-    return TokenLogprobs(tuple(msg.token_ids), tuple(msg.logprobs), tuple(msg.top_ids),
-                         tuple(msg.top_logprobs))
+    return TokenLogprobs(**message_fields(msg))
