@@ -47,7 +47,8 @@ class SamplingParams:
     repetition_penalty: float = 1.0  # 1 = off
     min_p: float = 0.0  # 0 = off
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias), ids ascending
-    prompt_len: int = 0  # the session's first prompt_len tokens are the prompt
+    prompt_len: int = 0  # the session's first prompt_len tokens are the prompt (the
+    # coordinator's Generation sets it)
 
     @property
     def greedy(self) -> bool:

@@ -12,7 +12,7 @@ import math
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from coordinator.api.text import IncrementalDetokenizer, TextStream
 from coordinator.loop import LoopStats, SpeculativeLoop
@@ -132,8 +132,8 @@ class GenerationService:
             raise InvalidArgument(
                 f"prompt is {len(ids)} tokens; the model's context is {lim.max_context} "
                 "and leaves no room to generate: shorten the prompt")
-        return Plan(ids, min(req.max_new_tokens, room), replace(sampling, prompt_len=len(ids)),
-                    k, list(req.stop), k_from_server=not req.HasField("num_draft_tokens"),
+        return Plan(ids, min(req.max_new_tokens, room), sampling, k, list(req.stop),
+                    k_from_server=not req.HasField("num_draft_tokens"),
                     contrastive=contrastive, logprobs=logprobs,
                     prompt_logprobs=req.prompt_logprobs,
                     prediction=self._prediction(req, contrastive))

@@ -13,7 +13,7 @@ import queue
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -54,11 +54,13 @@ class Generation:
                  tenant: str | None = None, fixed_k: bool = True,
                  logprobs: int | None = None, prompt_logprobs: bool = False,
                  prediction=()):
-        self.shared, self.sampling = shared, sampling
+        self.prompt_len = len(prompt)
+        # Both services learn where the prompt ends with the sampling parameters (the
+        # presence and frequency penalties count only what follows it).
+        self.shared, self.sampling = shared, replace(sampling, prompt_len=len(prompt))
         self.committed = TokenPrefix(prompt)
         self.logprobs = logprobs  # the raw model's log-probabilities, with this many top
         # The prompt's, by position (1..len - 1), until every one is in.
-        self.prompt_len = len(prompt)
         self.prompt_scores: dict[int, object] | None = {} if prompt_logprobs else None
         self.prediction = list(prediction)  # Predicted Outputs' token ids (the drafter's)
         self.max_new_tokens, self.eos = max_new_tokens, set(eos_token_ids)

@@ -194,3 +194,11 @@ def test_prompt_logprobs_over_chunked_prefill(loop, target_server, monkeypatch):
     # and with tokens to generate after it
     tokens, entries, scored = _logprob_run(loop, prompt, params, 4, 2)
     _check_against_reference(model, prompt, tokens, entries, scored, 2)
+
+
+def test_the_loop_tells_the_services_where_the_prompt_ends(loop):
+    """Penalties count generated tokens only; the generation sets prompt_len itself, so
+    a caller of the loop need not (the API layer does not)."""
+    params = SamplingParams(presence_penalty=2.0, frequency_penalty=1.0)
+    assert loop.generate(PROMPT, 24, params, 4).token_ids == \
+        loop.generate(PROMPT, 24, with_prompt(params, PROMPT), 0).token_ids

@@ -63,9 +63,7 @@ def test_stream_chunks_follow_the_rounds(tok):
     (call,) = loop.calls
     assert call["prompt_ids"] == encode(tok, "Say hi")
     assert call["max_new_tokens"] == 30 and call["k"] == 3 and call["eos_ids"] == [IM_END]
-    # the coordinator tells the services where the prompt ends (for the penalties)
-    assert call["sampling"] == SamplingParams(0.5, 0, 0.0, 9,
-                                              prompt_len=len(encode(tok, "Say hi")))
+    assert call["sampling"] == SamplingParams(0.5, 0, 0.0, 9)
     assert loop.yielded == len(script) and loop.ended == 1
 
 
