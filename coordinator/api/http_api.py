@@ -207,9 +207,8 @@ class OpenAIFrontend:
                               (lambda t: tokenizer.decode([t])) if tokenizer else None)
         choices = [Choice(i, self._echo(sub) if opts.echo else None)
                    for i, sub in enumerate(subs)]
-        prompt_of = [i % opts.n == 0 for i in range(len(subs))]  # counts a prompt's tokens
         if opts.stream:
-            events = self._events(streams, firsts, choices, prompt_of, responses,
+            events = self._events(streams, firsts, choices, opts.n, responses,
                                   opts.include_usage, held)
             return StreamingResponse(events, media_type="text/event-stream",
                                      headers=SSE_HEADERS)
@@ -220,9 +219,7 @@ class OpenAIFrontend:
             return error_response(exc)
         finally:
             await asyncio.gather(*(s.close(self.executor) for s in streams))
-        stats = merged([r.stats for r in done],
-                       sum(r.stats.prompt_tokens for r, p in zip(done, prompt_of, strict=True)
-                           if p))
+        stats = merged([r.stats for r in done], opts.n)
         return JSONResponse(responses.unary(done[0], list(zip(choices, done, strict=True)),
                                             stats))
 
@@ -233,7 +230,7 @@ class OpenAIFrontend:
         return self.service.tokenizer.decode(list(sub.prompt_token_ids))
 
     async def _events(self, streams: list[Stream], firsts: list, choices: list[Choice],
-                      prompt_of: list[bool], responses: Responses, include_usage: bool,
+                      n: int, responses: Responses, include_usage: bool,
                       held: ExitStack) -> AsyncIterator[str]:
         """Every choice's chunks as they come (each with its index), then the usage of
         all of them, then [DONE]."""
@@ -267,9 +264,7 @@ class OpenAIFrontend:
                 if chunk.finish_reason:
                     stats[i] = chunk.stats
             if include_usage:
-                prompt = sum(s.prompt_tokens for s, p in zip(stats, prompt_of, strict=True)
-                             if p)
-                yield sse(responses.usage_chunk(merged(stats, prompt)))
+                yield sse(responses.usage_chunk(merged(stats, n)))
             yield DONE
         except Exception as exc:  # noqa: BLE001 - reported in the stream, as OpenAI does
             err = from_exception(exc)

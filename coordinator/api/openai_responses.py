@@ -71,9 +71,10 @@ def tokens(chunk) -> dict:
 
 
 def merged(stats: list[generate_pb2.GenerationStats],
-           prompt_tokens: int) -> generate_pb2.GenerationStats:
+           n: int = 1) -> generate_pb2.GenerationStats:
     """Several choices' stats as one (usage sums over them): counts add up, lists join,
-    seconds is the longest; the prompt's tokens are counted once per prompt."""
+    seconds is the longest; the prompt's tokens are counted once per prompt (the
+    choices come n per prompt, openai_api.expand's order)."""
     if len(stats) == 1:
         return stats[0]
     out = generate_pb2.GenerationStats()
@@ -87,7 +88,7 @@ def merged(stats: list[generate_pb2.GenerationStats],
                 out.seconds = max(out.seconds, value)
             elif field != "mean_head_size":
                 setattr(out, field, getattr(out, field) + value)
-    out.prompt_tokens = prompt_tokens
+    out.prompt_tokens = sum(s.prompt_tokens for s in stats[::n])
     return out
 
 
