@@ -216,7 +216,8 @@ class TargetEngine:
         # Every position's penalties count the tokens before it, drafts included
         # (specdec.penalties): the distribution target-only decoding would use there.
         params = args.sampling
-        processed = penalise(logits, params, s.tokens[:len(s.tokens) - k], drafts)
+        processed = penalise(logits, params, s.tokens[:len(s.tokens) - k], drafts) \
+            if params.penalised else logits  # (no copy of the session's ids without them)
         if params.greedy:
             result = greedy_round(processed, drafts)
         else:
