@@ -42,9 +42,11 @@ def replay(prompt: Sequence[int], text: Sequence[int], pass_ms: Callable[[int], 
            change_ms: float, settings: LookupSettings | None = None) -> Replay:
     """Replay the look-up alone over `text` (the target's greedy continuation of
     `prompt`); `pass_ms(width)` is a pass's cost in a run of equal widths, `change_ms`
-    what a pass costs more after one of another width."""
+    what a pass costs more after one of another width. A width change cannot make a pass
+    cheaper, so a negative `change_ms` (timing noise on a small model) is charged as 0."""
     if not text:
         raise ValueError("nothing to replay: the text is empty")
+    change_ms = max(change_ms, 0.0)
     settings = settings or LookupSettings()
     drafter = LookupDrafter(prompt, settings, request_k=settings.max_tokens)
     context = list(prompt)

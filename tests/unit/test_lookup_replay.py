@@ -35,3 +35,10 @@ def test_a_copied_span_is_drafted_accepted_and_charged_its_widths():
 def test_empty_text_is_refused():
     with pytest.raises(ValueError, match="empty"):
         replay([1], [], flat, 0.0)
+
+
+def test_a_negative_measured_change_cost_is_charged_as_nothing():
+    span = list(range(200, 232))
+    r = replay([7] + span, span, flat, change_ms=-3.0)  # noise on a small model
+    assert r.width_changes > 0
+    assert r.speedup == pytest.approx(r.speedup_free_changes)
