@@ -23,6 +23,7 @@ from draft_service.amateur import Amateur, ScoreArgs, ScoreResult
 from draft_service.state import DraftState
 from specdec import coupling
 from specdec.errors import Cancelled, require
+from specdec.grammar import Grammars, mask
 from specdec.penalties import penalise
 from specdec.propose import ProposeOptions
 from specdec.runtime.cached_model import CachedModel, ServiceInfo
@@ -73,6 +74,7 @@ class DraftEngine:
         self.default_top_n = default_top_n
         self.default_top_mass = default_top_mass
         self.amateur = Amateur(model, max_draft_tokens + 1)
+        self.grammars = Grammars(lambda: model.backend.loaded.tokenizer, model.vocab_size)
 
     def info(self) -> ServiceInfo:
         return self.model.info(self.max_draft_tokens, self.default_top_n)
@@ -208,12 +210,18 @@ class DraftEngine:
         k = args.num_tokens
         logits = yield list(args.new_tokens), k > 1
         passes = [s.last_pass.seconds]
+        grammar = self.grammars.state(s, params.grammar, params.prompt_len) \
+            if params.grammar is not None else None
+        if grammar is not None:
+            grammar.sync(s.tokens)
         for i in range(k):
             if args.keep_logits:
                 s.state.keep_rows(s.cached_len, [logits], self.amateur.max_rows)
-            # The target's penalties and bias, on q too (for acceptance; the target
-            # applies them to p at every position, which keeps it lossless).
+            # The target's penalties, bias and grammar, on q too (for acceptance; the
+            # target applies them to p at every position, which keeps it lossless).
             logits = penalise(logits[None], params, s.tokens)[0]
+            if grammar is not None:
+                logits = mask(logits, grammar.masks([], logits.shape[0])[0])
             if params.greedy:
                 x = argmax(logits[None])[0]
                 confidence = float(torch.softmax(logits.float(), -1)[x]) \
@@ -232,6 +240,8 @@ class DraftEngine:
                 dists.append(SparseQ.quantised(ids, counts))
             tokens.append(x)
             s.state.next_token = (s.cached_len, x)  # a read-only Score may ask for it
+            if grammar is not None and not grammar.consume(x):
+                break  # the end of the text: nothing may follow it
             if i + 1 == k or confidence < args.exit_below or cancelled():
                 break  # x is returned but not fed: the cache ends before it
             logits = yield [x], i + 2 < k

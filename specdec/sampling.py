@@ -22,6 +22,7 @@ from hashlib import blake2b
 import torch
 
 from specdec.errors import require
+from specdec.grammar import KINDS, Grammar
 
 # A draft's sparse q keeps the fewest most likely tokens holding DEFAULT_TOP_MASS of the
 # mass, at most DEFAULT_TOP_N of them. Truncating to mass m costs at most 1 - m of a
@@ -49,6 +50,7 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias), ids ascending
     prompt_len: int = 0  # the session's first prompt_len tokens are the prompt (the
     # coordinator's Generation sets it)
+    grammar: Grammar | None = None  # structured outputs (specdec.grammar)
 
     @property
     def greedy(self) -> bool:
@@ -86,6 +88,10 @@ class SamplingParams:
                     f"sampling.logit_bias[{token}] must be in [-100, 100], got {bias}")
         require(self.prompt_len >= 0,
                 f"sampling.prompt_len must be >= 0, got {self.prompt_len}")
+        if self.grammar is not None:
+            require(self.grammar.kind in KINDS,
+                    "sampling.grammar.kind must be set (json_schema, json_object, regex, "
+                    "choice or lark)")
         return self
 
 

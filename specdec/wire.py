@@ -7,6 +7,7 @@ import torch
 from specdec import contrastive
 from specdec.client.request import FORMULATIONS
 from specdec.errors import InvalidArgument, require
+from specdec.grammar import KINDS, Grammar
 from specdec.messages import message_fields
 from specdec.propose import ProposeOptions
 from specdec.runtime.cached_model import ServiceInfo
@@ -27,17 +28,41 @@ def sampling_from_proto(msg: common_pb2.SamplingParams) -> SamplingParams:
     return SamplingParams(msg.temperature, msg.top_k, msg.top_p, msg.seed,
                           msg.presence_penalty, msg.frequency_penalty,
                           msg.repetition_penalty or 1.0, msg.min_p,
-                          tuple(sorted(msg.logit_bias.items())), msg.prompt_len)
+                          tuple(sorted(msg.logit_bias.items())), msg.prompt_len,
+                          grammar_from_proto(msg.grammar) if msg.HasField("grammar")
+                          else None)
 
 
-def sampling_to_proto(params: SamplingParams) -> common_pb2.SamplingParams:
-    return common_pb2.SamplingParams(
+def sampling_to_proto(params: SamplingParams,
+                      grammar_spec: bool = True) -> common_pb2.SamplingParams:
+    """`grammar_spec` False leaves the grammar's text off (its digest names it: a
+    session that has started holds it; specdec.grammar)."""
+    msg = common_pb2.SamplingParams(
         temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
         seed=params.seed, presence_penalty=params.presence_penalty,
         frequency_penalty=params.frequency_penalty,
         repetition_penalty=0.0 if params.repetition_penalty == 1.0
         else params.repetition_penalty, min_p=params.min_p,
         logit_bias=dict(params.logit_bias), prompt_len=params.prompt_len)
+    g = params.grammar
+    if g is not None:
+        msg.grammar.CopyFrom(common_pb2.Grammar(
+            kind=GRAMMAR_KINDS.index(g.kind) + 1, spec=g.spec if grammar_spec else "",
+            digest=g.digest))
+    return msg
+
+
+GRAMMAR_KINDS = KINDS  # Grammar.Kind's values 1, 2, ... in this order
+
+
+def grammar_from_proto(msg: common_pb2.Grammar) -> Grammar:
+    """Kind 0 (unset) or unknown reads as "" (refused by SamplingParams.validate). With
+    its text, the digest is computed here (a sent one is not trusted: the services cache
+    compiled grammars by it); without, the sent digest names the session's grammar."""
+    kind = GRAMMAR_KINDS[msg.kind - 1] if 1 <= msg.kind <= len(GRAMMAR_KINDS) else ""
+    if msg.spec or kind == "json_object" or not msg.digest:
+        return Grammar.of(kind, msg.spec)
+    return Grammar(kind, "", msg.digest)
 
 
 def info_to_proto(info: ServiceInfo) -> common_pb2.ModelInfo:

@@ -18,6 +18,7 @@ import torch
 from specdec import coupling
 from specdec.contrastive import ContrastiveParams, Head, head
 from specdec.errors import Cancelled, require
+from specdec.grammar import Grammars, mask
 from specdec.logprobs import MAX_TOP_LOGPROBS, logprobs_of
 from specdec.penalties import penalise
 from specdec.runtime.batching import Pass
@@ -60,6 +61,7 @@ class TargetEngine:
     def __init__(self, model: CachedModel, max_draft_tokens: int = 16):
         self.model = model
         self.max_draft_tokens = max_draft_tokens
+        self.grammars = Grammars(lambda: model.backend.loaded.tokenizer, model.vocab_size)
 
     def info(self) -> ServiceInfo:
         return self.model.info(self.max_draft_tokens)
@@ -112,9 +114,10 @@ class TargetEngine:
                                     "sampling.logit_bias (its keys)")
         drafts = args.new_tokens[len(args.new_tokens) - k:] if k else []
         if args.contrastive is not None:
-            require(args.logprobs is None and not args.sampling.penalised,
-                    "logprobs, penalties and logit_bias are for speculative rounds, not "
-                    "contrastive ones")
+            require(args.logprobs is None and not args.sampling.penalised
+                    and args.sampling.grammar is None,
+                    "logprobs, penalties, logit_bias and grammar are for speculative rounds, "
+                    "not contrastive ones")
             args.contrastive.validate()
             require(not args.draft_dists,
                     "draft_dists must be empty with contrastive: the coordinator verifies "
@@ -218,6 +221,10 @@ class TargetEngine:
         params = args.sampling
         processed = penalise(logits, params, s.tokens[:len(s.tokens) - k], drafts) \
             if params.penalised else logits  # (no copy of the session's ids without them)
+        if params.grammar is not None:  # row r allows what follows the first r drafts
+            state = self.grammars.state(s, params.grammar, params.prompt_len)
+            state.sync(s.tokens[:len(s.tokens) - k])
+            processed = mask(processed, state.masks(drafts, processed.shape[1]))
         if params.greedy:
             result = greedy_round(processed, drafts)
         else:

@@ -25,6 +25,7 @@ from specdec.errors import (
     ResourceExhausted,
     require,
 )
+from specdec.grammar import check as grammar_check
 from specdec.logprobs import MAX_TOP_LOGPROBS, logprobs_to_proto
 from specdec.messages import message_from
 from specdec.sampling import SamplingParams
@@ -121,10 +122,15 @@ class GenerationService:
                 f"stop holds {len(req.stop)} strings; at most {MAX_STOP_STRINGS} are allowed")
         require(all(len(s) <= MAX_STOP_CHARS for s in req.stop),
                 f"stop strings must be at most {MAX_STOP_CHARS} characters")
+        if sampling.grammar is not None:
+            error = grammar_check(sampling.grammar)
+            require(not error, f"sampling.grammar ({sampling.grammar.kind}): {error}")
         contrastive = self._contrastive(req, sampling)
-        require(contrastive is None or (logprobs is None and not sampling.penalised),
-                "decoding = CONTRASTIVE takes no logprobs, penalties or logit_bias: they "
-                "are the target's distribution's, and contrastive decoding samples another")
+        require(contrastive is None or (logprobs is None and not sampling.penalised
+                                        and sampling.grammar is None),
+                "decoding = CONTRASTIVE takes no logprobs, penalties, logit_bias or grammar: "
+                "they are the target's distribution's, and contrastive decoding samples "
+                "another")
         ids = self._prompt_ids(req)
         require(len(ids) >= 1, "the prompt encodes to no tokens")
         room = lim.max_context - len(ids)

@@ -335,7 +335,7 @@ def propose_request(sync: SyncRequest, sampling: SamplingParams,
     return message_from(
         draft_pb2.ProposeRequest, options, session_id=sync.session_id,
         keep_len=sync.keep_len, keep_digest=sync.keep_digest, new_tokens=sync.new_tokens,
-        sampling=wire.sampling_to_proto(sampling))
+        sampling=wire.sampling_to_proto(sampling, grammar_spec=sync.keep_len == 0))
 
 
 def verify_request(sync: SyncRequest, drafts: list[int],
@@ -346,7 +346,8 @@ def verify_request(sync: SyncRequest, drafts: list[int],
     req = target_pb2.VerifyRequest(
         session_id=sync.session_id, keep_len=sync.keep_len, keep_digest=sync.keep_digest,
         new_tokens=sync.new_tokens + drafts, num_draft=len(drafts),
-        draft_dists=draft_dists, sampling=wire.sampling_to_proto(sampling),
+        draft_dists=draft_dists,
+        sampling=wire.sampling_to_proto(sampling, grammar_spec=sync.keep_len == 0),
         round_seed=round_seed, bonus_seed=bonus_seed, logprobs=logprobs,
         prompt_logprobs=prompt_logprobs,
     )

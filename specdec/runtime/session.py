@@ -38,6 +38,9 @@ class Session:
     # draft's draft_service.state.DraftState; None for the target): made by the store's
     # `new_state`, and told of every truncation.
     state: Any = None
+    # The request's grammar matcher (specdec.grammar.GrammarState; None without one): a
+    # function of `tokens`, re-synced by every request that uses it.
+    grammar: Any = None
 
     @property
     def tokens(self) -> list[int]:

@@ -1,0 +1,123 @@
+"""Structured outputs with speculation on, over the real services (specdec.grammar): the
+target masks p at every verified position and the draft masks q, so greedy constrained
+output equals target-only constrained output token for token, it matches its grammar,
+and sampled constrained output follows the constrained target distribution."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from dataclasses import replace
+
+import jsonschema
+import pytest
+
+from coordinator.loop import SpeculativeLoop
+from coordinator.loop.policy import LoopPolicy
+from specdec.grammar import Grammar, Grammars, mask
+from specdec.runtime.models import load_tokenizer
+from specdec.sampling import SamplingParams, process_logits
+from tests.service.test_sampled_distribution import chi_square_p_value
+
+PROMPT = [31, 415, 92, 65, 31, 7]
+EOS = 2
+SCHEMA = {"type": "object", "additionalProperties": False,
+          "required": ["ok", "n", "tag"],
+          "properties": {"ok": {"type": "boolean"},
+                         "n": {"type": "integer", "minimum": 0, "maximum": 99},
+                         "tag": {"enum": ["red", "green", "blue"]}}}
+GRAMMARS = {
+    "json_schema": Grammar.of("json_schema", json.dumps(SCHEMA)),
+    "regex": Grammar.of("regex", r"(yes|no), [0-9]{1,3}"),
+    "choice": Grammar.of("choice", json.dumps(["alpha", "beta", "gamma delta"])),
+    "lark": Grammar.of("lark", 'start: "sum(" NUM ("," NUM)* ")"\nNUM: /[0-9]{1,2}/'),
+    "gbnf": Grammar.of("lark", 'root ::= "v" [0-9] [0-9]? "." [0-9]'),
+}
+
+
+def matches(name: str, text: str) -> bool:
+    if name == "json_schema":
+        try:
+            jsonschema.validate(json.loads(text), SCHEMA)
+        except (ValueError, jsonschema.ValidationError):
+            return False
+        return True
+    pattern = {"regex": r"(yes|no), [0-9]{1,3}", "choice": r"alpha|beta|gamma delta",
+               "lark": r"sum\([0-9]{1,2}(,[0-9]{1,2})*\)", "gbnf": r"v[0-9][0-9]?\.[0-9]"}
+    return re.fullmatch(pattern[name], text) is not None
+
+
+def constrained(grammar: Grammar, prompt=PROMPT, **kw) -> SamplingParams:
+    return SamplingParams(grammar=grammar, prompt_len=len(prompt), **kw)
+
+
+@pytest.fixture()
+def loop(draft_client, target_client):
+    return SpeculativeLoop(draft_client, target_client, LoopPolicy(pipeline=True))
+
+
+@pytest.mark.parametrize("name", sorted(GRAMMARS))
+def test_greedy_constrained_equals_target_only_and_matches(loop, name):
+    params = constrained(GRAMMARS[name])
+    base = loop.generate(PROMPT, 48, params, 0, eos_token_ids=[EOS])
+    spec = loop.generate(PROMPT, 48, params, 4, eos_token_ids=[EOS])
+    assert spec.token_ids == base.token_ids
+    assert spec.finish_reason == "eos"
+    assert spec.stats.accepted_tokens > 0
+    text = load_tokenizer("tiny-random").decode(spec.token_ids[:-1])
+    assert matches(name, text), text
+
+
+def test_sampled_constrained_outputs_always_match(loop):
+    """50 seeded sampled runs, each a JSON value the schema accepts."""
+    tokenizer = load_tokenizer("tiny-random")
+    params = constrained(GRAMMARS["json_schema"], temperature=1.0)
+    accepted = 0
+    for seed in range(50):
+        result = loop.generate(PROMPT, 64, replace(params, seed=seed), 4, eos_token_ids=[EOS])
+        assert result.finish_reason == "eos", seed
+        text = tokenizer.decode(result.token_ids[:-1])
+        assert matches("json_schema", text), (seed, text)
+        accepted += result.stats.accepted_tokens
+    assert accepted > 0
+
+
+def _constrained_joint(backend, grammar: Grammar, params: SamplingParams, n: int = 2):
+    """The exact law of the first n tokens under the masked target."""
+    grammars = Grammars(lambda: backend.loaded.tokenizer, backend.vocab_size)
+    joint: dict[tuple[int, ...], float] = {(): 1.0}
+    for _ in range(n):
+        longer = {}
+        for prefix, prob in joint.items():
+            context = PROMPT + list(prefix)
+            session = type("S", (), {"grammar": None, "session_id": "law"})()
+            state = grammars.state(session, grammar, len(PROMPT))
+            state.sync(context)
+            logits = backend.forward(backend.new_cache(), context)
+            p = process_logits(mask(logits, state.masks([], logits.shape[1])), params)[0]
+            for t in p.nonzero().flatten().tolist():
+                longer[prefix + (t,)] = prob * float(p[t])
+        joint = longer
+    return joint
+
+
+@pytest.mark.slow
+def test_sampled_constrained_follows_the_constrained_target(draft_client, target_client,
+                                                            target_server):
+    grammar = Grammar.of("regex", "[a-f][a-f ]{1,6}")
+    params = constrained(grammar, temperature=1.0)
+    expected = _constrained_joint(target_server[1].model.backend, grammar, params)
+    loop = SpeculativeLoop(draft_client, target_client, LoopPolicy(pipeline=False))
+    counts: Counter = Counter()
+    accepted = drafted = 0
+    trials = 1200
+    for seed in range(trials):
+        result = loop.generate(PROMPT, 2, replace(params, seed=seed), 2)
+        counts[tuple(result.token_ids)] += 1
+        accepted += result.stats.accepted_tokens
+        drafted += result.stats.drafted_tokens
+    assert 0 < accepted < drafted
+    assert set(counts) <= set(expected)  # never a token the grammar refuses
+    p_value = chi_square_p_value(counts, expected, trials)
+    assert p_value > 1e-3, (p_value, counts.most_common(8))
