@@ -44,12 +44,14 @@ def sampling_to_proto(params: SamplingParams,
         repetition_penalty=0.0 if params.repetition_penalty == 1.0
         else params.repetition_penalty, min_p=params.min_p,
         logit_bias=dict(params.logit_bias), prompt_len=params.prompt_len)
-    g = params.grammar
-    if g is not None:
-        msg.grammar.CopyFrom(common_pb2.Grammar(
-            kind=GRAMMAR_KINDS.index(g.kind) + 1, spec=g.spec if grammar_spec else "",
-            digest=g.digest))
+    if params.grammar is not None:
+        msg.grammar.CopyFrom(grammar_to_proto(params.grammar, grammar_spec))
     return msg
+
+
+def grammar_to_proto(g: Grammar, spec: bool = True) -> common_pb2.Grammar:
+    return common_pb2.Grammar(kind=GRAMMAR_KINDS.index(g.kind) + 1,
+                              spec=g.spec if spec else "", digest=g.digest)
 
 
 GRAMMAR_KINDS = KINDS  # Grammar.Kind's values 1, 2, ... in this order

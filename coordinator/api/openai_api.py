@@ -7,9 +7,11 @@ response and SSE chunk objects. Every sampling parameter keeps speculation on: `
 (up to MAX_N choices, each a generation of its own with its own seed; they share the
 prompt's KV through the services' prefix cache), a batch of completion prompts,
 `logprobs` / `top_logprobs`, `echo` (with the prompt's log-probabilities, and
-`max_tokens` 0), `presence_penalty`, `frequency_penalty`, `logit_bias`. What OpenAI's
-API has and specdec does not (tools, structured outputs, predicted outputs) is refused
-with a 400 naming the parameter, in OpenAI's error shape, rather than silently ignored.
+`max_tokens` 0), `presence_penalty`, `frequency_penalty`, `logit_bias`, structured
+outputs (`response_format` and vLLM's `structured_outputs` / `guided_*`;
+coordinator.api.openai_structured) and Predicted Outputs (`prediction`). What OpenAI's
+API has and specdec does not (tools) is refused with a 400 naming the parameter, in
+OpenAI's error shape, rather than silently ignored.
 
 specdec's own fields:
 - request extensions (the `openai` package's `extra_body`): `top_k`, `min_p`,
@@ -31,6 +33,8 @@ import secrets
 from dataclasses import dataclass, replace
 
 from coordinator.api.openai_errors import APIError, bad, check_unicode, is_int, number
+from coordinator.api.openai_structured import STRUCTURED_FIELDS, grammar_of
+from specdec import wire
 from specdec.client.request import DECODINGS, FORMULATIONS
 from specdec.logprobs import MAX_TOP_LOGPROBS
 from specdec.sampling import derive_seed
@@ -51,7 +55,8 @@ MAX_COMPLETION_LOGPROBS = 5  # OpenAI's cap for the completions API's `logprobs`
 _COMMON = {"model", "max_tokens", "temperature", "top_p", "seed", "stop", "stream",
            "stream_options", "n", "user", "top_k", "num_draft_tokens", "timeout",
            "decoding", "contrastive", "min_p", "repetition_penalty",
-           "logprobs", "presence_penalty", "frequency_penalty", "logit_bias"}
+           "logprobs", "presence_penalty", "frequency_penalty", "logit_bias"} \
+    | STRUCTURED_FIELDS
 CHAT_FIELDS = _COMMON | {"messages", "max_completion_tokens", "top_logprobs", "tools",
                          "tool_choice", "functions", "function_call", "response_format",
                          "parallel_tool_calls", "store", "metadata", "modalities",
@@ -101,10 +106,6 @@ def chat_request(body, model: str) -> tuple[generate_pb2.GenerateRequest, Option
     if logprobs:
         req.logprobs = top or 0
         opts = replace(opts, logprobs=top or 0)
-    fmt = body.get("response_format")
-    if fmt is not None and (not isinstance(fmt, dict) or fmt.get("type") != "text"):
-        raise bad("only response_format {\"type\": \"text\"} is supported", "response_format",
-                  "unsupported_parameter")
     if body.get("prediction") is not None:
         req.prediction = _prediction(body["prediction"])
     both = [body.get(n) for n in ("max_tokens", "max_completion_tokens")]
@@ -254,6 +255,9 @@ def _common(body: dict, model: str) -> tuple[generate_pb2.GenerateRequest, Optio
         seed=(seed % 2**64) if seed is not None else secrets.randbits(63),
         repetition_penalty=0.0 if repetition == 1.0 else repetition, min_p=min_p,
         logit_bias=_logit_bias(body.get("logit_bias")), **penalties))
+    grammar = grammar_of(body)  # structured outputs (coordinator.api.openai_structured)
+    if grammar is not None:
+        req.sampling.grammar.CopyFrom(wire.grammar_to_proto(grammar))
     k = body.get("num_draft_tokens")
     if k is not None:
         if not is_int(k) or abs(k) > INT32_MAX:

@@ -34,6 +34,7 @@ SERVICE_FIELDS = {"max_new_tokens": "max_tokens", "num_draft_tokens": "num_draft
                   "sampling.frequency_penalty": "frequency_penalty",
                   "sampling.repetition_penalty": "repetition_penalty",
                   "sampling.min_p": "min_p", "sampling.logit_bias": "logit_bias",
+                  "sampling.grammar": "response_format",
                   "logprobs": "logprobs",
                   "prompt_token_ids": "prompt", "alpha": "contrastive.alpha",
                   "beta": "contrastive.beta",
