@@ -10,10 +10,22 @@ import signal
 import sys
 import threading
 from contextlib import ExitStack
+from pathlib import Path
 
 log = logging.getLogger("specdec")
 
 API_KEY_ENV = "SPECDEC_API_KEY"
+
+
+def structured_output(args: argparse.Namespace) -> dict | None:
+    """--json-schema (text, or @FILE), --json-object, --regex, --choice, --grammar."""
+    schema = args.json_schema
+    if schema is not None and schema.startswith("@"):
+        schema = Path(schema[1:]).read_text()
+    found = {k: v for k, v in (("json", schema), ("regex", args.regex),
+                               ("choice", args.choice), ("grammar", args.grammar),
+                               ("json_object", args.json_object or None)) if v is not None}
+    return found or None
 
 
 def request_options(args: argparse.Namespace) -> dict:
@@ -25,7 +37,8 @@ def request_options(args: argparse.Namespace) -> dict:
                    formulation=args.formulation, presence_penalty=args.presence_penalty,
                    frequency_penalty=args.frequency_penalty,
                    repetition_penalty=args.repetition_penalty, min_p=args.min_p,
-                   logprobs=args.logprobs, prediction=args.prediction)
+                   logprobs=args.logprobs, prediction=args.prediction,
+                   structured_output=structured_output(args))
     if args.chat:
         options["messages"] = [("user", args.prompt)]
     else:
@@ -236,6 +249,17 @@ def add_parsers(sub) -> None:
                    help="text the answer is expected to resemble (Predicted Outputs: "
                         "drafted from, realigned after edits; the output stays the "
                         "target's) (default: none)")
+    so = g.add_mutually_exclusive_group()
+    so.add_argument("--json-schema", metavar="SCHEMA",
+                    help="structured output: the text is JSON matching this schema (JSON "
+                         "text, or @FILE); speculation stays on (default: free text)")
+    so.add_argument("--json-object", action="store_true",
+                    help="structured output: the text is a JSON object")
+    so.add_argument("--regex", help="structured output: the text matches this regex")
+    so.add_argument("--choice", nargs="+", metavar="TEXT",
+                    help="structured output: the text is one of these")
+    so.add_argument("--grammar", metavar="LARK",
+                    help="structured output: the text matches this Lark (or GBNF) grammar")
     g.add_argument("--k", type=int, default=None,
                    help="draft tokens per round; 0 = target only (default: the "
                         "coordinator's)")

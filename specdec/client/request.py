@@ -9,6 +9,7 @@ everything; a bad value comes back as InvalidArgumentError with its message.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TypedDict
 
@@ -45,6 +46,7 @@ class GenerateOptions(TypedDict, total=False):
     logprobs: int | None
     prompt_logprobs: bool
     prediction: str
+    structured_output: Mapping[str, object] | None
 
 
 # The names of the decoding modes and contrastive formulations, everywhere a person writes
@@ -67,7 +69,9 @@ def build_request(prompt: str | None = None, *, messages: Iterable[Message] | No
                   frequency_penalty: float = 0.0, repetition_penalty: float = 1.0,
                   min_p: float = 0.0, logit_bias: Mapping[int, float] | None = None,
                   logprobs: int | None = None, prompt_logprobs: bool = False,
-                  prediction: str = "") -> generate_pb2.GenerateRequest:
+                  prediction: str = "",
+                  structured_output: Mapping[str, object] | None = None,
+                  ) -> generate_pb2.GenerateRequest:
     """The request for one generation.
 
     Give exactly one of `prompt` (raw text), `messages` (chat turns through the model's
@@ -92,6 +96,9 @@ def build_request(prompt: str | None = None, *, messages: Iterable[Message] | No
     token's raw log-probability and this many alternatives (0-20; None = none);
     prompt_logprobs: the prompt's too (then max_new_tokens may be 0). prediction: text
     the output is expected to resemble (Predicted Outputs; the look-up drafts from it).
+    structured_output: the text must match one of {"json": a JSON schema (a dict or JSON
+    text)}, {"json_object": True} (any object), {"regex": ...}, {"choice": [strings]},
+    {"grammar": Lark or GBNF text}; both services mask with it, speculation stays on.
     """
     request = generate_pb2.GenerateRequest(
         max_new_tokens=max_new_tokens, stop=_strings(stop),
@@ -123,7 +130,33 @@ def build_request(prompt: str | None = None, *, messages: Iterable[Message] | No
             raise ValueError(f"formulation must be one of {', '.join(FORMULATIONS)}, "
                              f"got {formulation!r}")
         request.contrastive.formulation = FORMULATIONS[formulation]
+    if structured_output is not None:
+        request.sampling.grammar.CopyFrom(grammar_message(structured_output))
     return request
+
+
+GRAMMAR_KINDS = {"json": common_pb2.Grammar.KIND_JSON_SCHEMA,
+                 "json_object": common_pb2.Grammar.KIND_JSON_OBJECT,
+                 "regex": common_pb2.Grammar.KIND_REGEX,
+                 "choice": common_pb2.Grammar.KIND_CHOICE,
+                 "grammar": common_pb2.Grammar.KIND_LARK}
+
+
+def grammar_message(structured_output: Mapping[str, object]) -> common_pb2.Grammar:
+    """The wire's Grammar for a `structured_output` option (the server checks that it
+    compiles; the digest is the server's to compute)."""
+    if not isinstance(structured_output, Mapping) or len(structured_output) != 1 \
+            or next(iter(structured_output)) not in GRAMMAR_KINDS:
+        raise ValueError("structured_output must have exactly one of "
+                         f"{', '.join(GRAMMAR_KINDS)}, got {structured_output!r}")
+    (kind, value), = structured_output.items()
+    if kind == "json_object":
+        return common_pb2.Grammar(kind=GRAMMAR_KINDS[kind])
+    if kind in ("json", "choice") and not isinstance(value, str):
+        value = json.dumps(value)
+    if not isinstance(value, str):
+        raise ValueError(f"structured_output[{kind!r}] must be text, got {value!r}")
+    return common_pb2.Grammar(kind=GRAMMAR_KINDS[kind], spec=value)
 
 
 def _strings(stop: Iterable[str]) -> list[str]:

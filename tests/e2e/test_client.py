@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 
 import grpc
 import pytest
@@ -344,3 +345,19 @@ def test_cli_prints_the_servers_error(capsys, coordinator, generator_stub, strea
     message = rpc_details(generator_stub, dict(prompt="x", max_new_tokens=0))
     assert cli(capsys, coordinator, *stream, "--max-new-tokens", "0", "x") == (
         1, "", f"error: INVALID_ARGUMENT: {message}\n")
+
+
+def test_cli_structured_output_flags(capsys, coordinator, tmp_path):
+    rc, out, _ = cli(capsys, coordinator, "--choice", "yes", "no", "--max-new-tokens", "8",
+                     "Say yes or no.")
+    assert rc == 0 and out in ("yes\n", "no\n")
+    rc, out, _ = cli(capsys, coordinator, "--regex", "[0-9]{2}", "--max-new-tokens", "8", "N")
+    assert rc == 0 and re.fullmatch(r"[0-9]{2}\n", out)
+    schema = tmp_path / "schema.json"
+    schema.write_text(json.dumps({"type": "object", "additionalProperties": False,
+                                  "required": ["ok"], "properties": {"ok": {"type": "boolean"}}}))
+    rc, out, _ = cli(capsys, coordinator, "--json-schema", f"@{schema}", "--max-new-tokens",
+                     "16", "Is it ok?")
+    assert rc == 0 and json.loads(out) in ({"ok": True}, {"ok": False})
+    rc, _, err = cli(capsys, coordinator, "--regex", "(", "x")
+    assert rc == 1 and "INVALID_ARGUMENT" in err and "sampling.grammar" in err

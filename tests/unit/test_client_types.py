@@ -4,6 +4,7 @@ options build (its defaults are the server's), and gRPC statuses -> error classe
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import grpc
 import grpc.aio
@@ -168,6 +169,23 @@ def test_sampling_parameters_and_logprobs_reach_the_request():
     assert request.logprobs == 4 and request.prompt_logprobs
     assert not client.build_request("x").HasField("logprobs")
     assert client.build_request("x", prediction="the text").prediction == "the text"
+
+
+def test_structured_output_reaches_the_request_as_the_services_read_it():
+    from specdec.grammar import Grammar
+
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    cases = {"json": (schema, Grammar.of("json_schema", json.dumps(schema))),
+             "json_object": (True, Grammar.of("json_object")),
+             "regex": ("[a-z]+", Grammar.of("regex", "[a-z]+")),
+             "choice": (["yes", "no"], Grammar.of("choice", '["yes", "no"]')),
+             "grammar": ('start: "x"', Grammar.of("lark", 'start: "x"'))}
+    for key, (value, grammar) in cases.items():
+        request = client.build_request("x", structured_output={key: value})
+        assert wire.sampling_from_proto(request.sampling).grammar == grammar, key
+    for bad in ({}, {"json": schema, "regex": "a"}, {"yaml": "a: 1"}, {"regex": 5}):
+        with pytest.raises(ValueError, match="structured_output"):
+            client.build_request("x", structured_output=bad)
 
 
 def test_every_build_request_option_is_a_typed_option():
