@@ -103,4 +103,5 @@ def _one(key: str, value, param: str) -> Grammar:
 
 
 def _schema(schema: dict) -> Grammar:
-    return Grammar.of("json_schema", json.dumps(schema, sort_keys=True))
+    # (the schema's own key order: the grammar writes the properties in that order)
+    return Grammar.of("json_schema", json.dumps(schema))

@@ -1,16 +1,19 @@
 """The coordinator's browser demo (GET /demo, coordinator/demo.html) in a real headless
 Chromium over the real coordinator and tiny-model services: it streams a speculative
 answer and a target-only one, colours tokens by kind, shows speeds, and its greedy text is
-the API's; an API error is shown on the page. Needs `make browser`; without the browser
-these tests fail (never skip)."""
+the API's; an API error is shown on the page; in JSON-schema mode the answer is JSON valid
+against the page's schema, and a schema that is not JSON is refused before anything is
+sent. Needs `make browser`; without the browser these tests fail (never skip)."""
 
 from __future__ import annotations
 
+import json
 import time
 from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
+import jsonschema
 import pytest
 
 from specdec_tools.bench import browser
@@ -20,6 +23,13 @@ pytestmark = pytest.mark.slow
 SHOTS = Path(__file__).resolve().parents[2] / "bench-results" / "demo"
 PROMPT = "Tell me about speculative decoding."
 TIMEOUT_S = 90
+JSON_PROMPT = "Describe the weather as JSON."
+# Enums, a boolean and a small integer range: bounded, so even a random model completes it.
+WEATHER = {"type": "object",
+           "properties": {"sunny": {"type": "boolean"},
+                          "wind": {"enum": ["calm", "breeze", "storm"]},
+                          "level": {"type": "integer", "minimum": 1, "maximum": 5}},
+           "required": ["sunny", "wind", "level"], "additionalProperties": False}
 
 
 @contextmanager
@@ -39,6 +49,22 @@ def card(coordinator) -> dict:
 
 def chat(base: str, body: dict) -> httpx.Response:
     return httpx.post(f"{base}/v1/chat/completions", json=body, timeout=60)
+
+
+def json_mode(driver, on: bool = True) -> None:
+    """Pick the page's output mode: JSON schema, or free text."""
+    from selenium.webdriver.support.ui import Select
+
+    Select(driver.find_element("id", "output")).select_by_value("json_schema" if on else "text")
+
+
+def record_posts(driver) -> None:
+    """From now on the page's fetch() calls to the chat API are listed in window.posts."""
+    driver.execute_script(
+        "window.posts = []; const f = window.fetch;"
+        "window.fetch = (url, init) => {"
+        "  if (String(url).includes('/chat/completions')) window.posts.push(init.body);"
+        "  return f(url, init); };")
 
 
 def test_demo_streams_kinds_and_compares_with_target_only(coordinator, card):
@@ -143,3 +169,99 @@ def test_demo_stop_aborts_and_the_server_releases_the_sessions(coordinator):
         time.sleep(0.1)
     assert len(draft_engine.model.store) == 0
     assert len(target_engine.model.store) == 0
+
+
+def test_demo_json_schema_mode_streams_json_valid_against_the_schema(coordinator, card):
+    base = coordinator[3]
+    with chromium() as driver:
+        browser.open_demo(driver, base)
+        assert not driver.find_element("id", "schema").is_displayed()  # free text first
+        json_mode(driver)
+        assert driver.find_element("id", "schema").is_displayed()
+        example = json.loads(driver.find_element("id", "schema").get_attribute("value"))
+        assert driver.find_element("id", "prompt").get_attribute("value").startswith(
+            "Review speculative decoding as JSON")
+        max_tokens = int(driver.find_element("id", "max-tokens").get_attribute("value"))
+        browser.fill(driver, "schema", json.dumps(WEATHER))
+        record_posts(driver)
+        state = browser.generate(driver, prompt=JSON_PROMPT, k=4, temperature=0,
+                                 max_tokens=max_tokens, seed=1234, compare=True,
+                                 timeout=TIMEOUT_S)
+        SHOTS.mkdir(parents=True, exist_ok=True)
+        driver.save_screenshot(str(SHOTS / "demo-json-schema.png"))
+        assert state == "done", browser.text(driver, "error")
+        schema = json.loads(driver.find_element("id", "schema").get_attribute("value"))
+        texts = {p: browser.text(driver, f"answer-{p}") for p in ("spec", "target")}
+        checks = {p: browser.text(driver, f"json-{p}") for p in ("spec", "target")}
+        posts = [json.loads(b) for b in driver.execute_script("return window.posts")]
+        assert driver.find_element("id", "json-spec").is_displayed()
+
+    assert schema == WEATHER
+    assert [b["response_format"] for b in posts] == [{
+        "type": "json_schema", "json_schema": {"name": "demo", "schema": WEATHER,
+                                               "strict": True}}] * 2
+    assert [b["num_draft_tokens"] for b in posts] == [4, 0]
+    for pane, text in texts.items():
+        assert checks[pane].startswith("output parses as JSON"), (pane, checks[pane], text)
+        jsonschema.validate(json.loads(text), schema)
+    assert texts["spec"] == texts["target"]  # greedy: constrained speculation = target only
+    api = chat(base, {"model": card["id"], "messages": [{"role": "user", "content": JSON_PROMPT}],
+                      "max_tokens": max_tokens, "temperature": 0, "num_draft_tokens": 4,
+                      "seed": 1234, "response_format": posts[0]["response_format"]})
+    assert api.status_code == 200, api.text
+    assert texts["spec"] == api.json()["choices"][0]["message"]["content"]
+
+    # the page's own example schema is a schema, and one the server takes
+    jsonschema.Draft202012Validator.check_schema(example)
+    taken = chat(base, {"model": card["id"], "messages": [{"role": "user", "content": "Hi"}],
+                        "max_tokens": 1, "response_format": {
+                            "type": "json_schema",
+                            "json_schema": {"name": "demo", "schema": example, "strict": True}}})
+    assert taken.status_code == 200, taken.text
+
+
+def test_demo_json_schema_mode_refuses_a_bad_schema(coordinator, card):
+    base = coordinator[3]
+    rejected = {"type": 5}
+    expected = chat(base, {"model": card["id"], "messages": [{"role": "user", "content": PROMPT}],
+                           "max_tokens": 8, "response_format": {
+                               "type": "json_schema", "json_schema": {
+                                   "name": "demo", "schema": rejected, "strict": True}}})
+    assert expected.status_code == 400, expected.text
+    message = expected.json()["error"]["message"]
+    with chromium() as driver:
+        browser.open_demo(driver, base)
+        json_mode(driver)
+        record_posts(driver)
+        # not JSON: the page says so and sends nothing
+        browser.fill(driver, "schema", '{"type": "object",')
+        state = browser.generate(driver, prompt=JSON_PROMPT, k=2, max_tokens=8, compare=True,
+                                 timeout=TIMEOUT_S)
+        assert state == "error"
+        shown = browser.text(driver, "error")
+        assert shown.startswith("the JSON schema is not valid JSON, nothing was sent"), shown
+        assert driver.find_element("id", "error").is_displayed()
+        assert driver.execute_script("return window.posts") == []
+        assert browser.kinds(driver, "spec") == []
+        assert driver.find_element("id", "generate").is_enabled()
+
+        # JSON, but not a schema the server can compile: its 400 message is shown
+        browser.fill(driver, "schema", json.dumps(rejected))
+        state = browser.generate(driver, prompt=JSON_PROMPT, k=2, max_tokens=8, compare=True,
+                                 timeout=TIMEOUT_S)
+        assert state == "error"
+        shown = browser.text(driver, "error")
+        assert message in shown and shown.startswith("speculative request failed"), shown
+        assert len(driver.execute_script("return window.posts")) == 1  # no comparison run
+        assert not driver.find_element("id", "json-spec").is_displayed()
+
+        # back to free text: as before, no response_format and no JSON line
+        json_mode(driver, False)
+        assert not driver.find_element("id", "schema").is_displayed()
+        assert browser.generate(driver, prompt=PROMPT, k=2, max_tokens=4, compare=False,
+                                timeout=TIMEOUT_S) == "done"
+        assert browser.text(driver, "error") == ""
+        assert len(browser.kinds(driver, "spec")) == 4
+        assert not driver.find_element("id", "json-spec").is_displayed()
+        last = json.loads(driver.execute_script("return window.posts")[-1])
+        assert "response_format" not in last
