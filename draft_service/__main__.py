@@ -19,6 +19,7 @@ def create(cfg: DraftConfig) -> tuple[SpecdecServer, int, DraftEngine]:
     model = load_cached_model(cfg)
     engine = DraftEngine(model, cfg.max_draft_tokens, cfg.top_n,
                          climber=skip_climber(cfg, model), default_top_mass=cfg.top_mass)
+    engine.grammars.warm()  # structured outputs: the vocabulary, in the background
     grpc_server, port = build_server(cfg.address, [server.service(engine)],
                                      max_workers=cfg.workers, tls=tls)
     start_metrics("draft", cfg, engine.model)

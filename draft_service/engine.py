@@ -212,8 +212,8 @@ class DraftEngine:
         passes = [s.last_pass.seconds]
         grammar = self.grammars.state(s, params.grammar, params.prompt_len) \
             if params.grammar is not None else None
-        if grammar is not None:
-            grammar.sync(s.tokens)
+        if grammar is not None and not grammar.sync(s.tokens, strict=False):
+            grammar = None  # a pre-draft's assumed drafts left the grammar: never committed
         for i in range(k):
             if args.keep_logits:
                 s.state.keep_rows(s.cached_len, [logits], self.amateur.max_rows)

@@ -124,9 +124,12 @@ class GrammarState:
         self.eos = list(eos)
         self.consumed: list[int] = []
 
-    def sync(self, tokens: Sequence[int]) -> None:
+    def sync(self, tokens: Sequence[int], strict: bool = True) -> bool:
         """Roll back and consume until the matcher holds exactly tokens[prompt_len:].
-        InvalidArgument when a committed token breaks the grammar."""
+        A token the grammar refuses is InvalidArgument when `strict` (the target's
+        committed text); otherwise the matcher stops before it and sync returns False
+        (the draft's session may hold a pre-draft's assumed drafts: a context that will
+        never be committed, so what is drafted from it is never used)."""
         target = list(tokens[self.prompt_len:])
         same = 0
         limit = min(len(self.consumed), len(target))
@@ -138,14 +141,16 @@ class GrammarState:
         rest = target[same:]
         if rest:
             ok = self.matcher.validate_tokens(rest)
-            if ok < len(rest):
+            if ok < len(rest) and strict:
                 at = self.prompt_len + same + ok
                 raise InvalidArgument(
                     f"token {rest[ok]} at position {at} breaks the request's "
                     f"{self.grammar.kind} grammar (the committed text must match it; "
                     "sampling.prompt_len must say where the prompt ends)")
-            self.matcher.consume_tokens(rest)
-            self.consumed += rest
+            self.matcher.consume_tokens(rest[:ok])
+            self.consumed += rest[:ok]
+            return ok == len(rest)
+        return True
 
     def masks(self, drafts: Sequence[int], width: int) -> torch.Tensor:
         """Allowed tokens [len(drafts) + 1, width] (bool): row r after the first r drafts.
@@ -200,6 +205,18 @@ class Grammars:
     @property
     def vocabulary(self):
         return vocabulary(self._tokenizer(), self.n_vocab)
+
+    def warm(self) -> threading.Thread:
+        """Build the vocabulary and load the mask code in the background (about a
+        second), so that the first constrained request does not pay it in its deadline."""
+        def build():
+            import llguidance.torch  # noqa: F401 - its first import is the slow part
+
+            self.vocabulary  # noqa: B018 - cached
+
+        thread = threading.Thread(target=build, name="grammar-warm", daemon=True)
+        thread.start()
+        return thread
 
     def state(self, session, grammar: Grammar | None, prompt_len: int) -> GrammarState | None:
         """The session's matcher for this request's grammar (None without one), made when

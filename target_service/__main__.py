@@ -20,6 +20,7 @@ def create(cfg: TargetConfig) -> tuple[SpecdecServer, int, TargetEngine]:
     started) server, serve metrics if asked."""
     tls = server_tls(cfg.tls_cert, cfg.tls_key, cfg.tls_client_ca)
     engine = TargetEngine(load_cached_model(cfg), cfg.max_draft_tokens)
+    engine.grammars.warm()  # structured outputs: the vocabulary, in the background
     precision = engine.model.backend.inference_precision
     if precision != "f32":
         log.warning("the target computes in %s: verifying several tokens at once rounds "

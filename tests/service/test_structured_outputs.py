@@ -121,3 +121,19 @@ def test_sampled_constrained_follows_the_constrained_target(draft_client, target
     assert set(counts) <= set(expected)  # never a token the grammar refuses
     p_value = chi_square_p_value(counts, expected, trials)
     assert p_value > 1e-3, (p_value, counts.most_common(8))
+
+
+def test_a_predraft_from_drafts_the_grammar_refuses_still_drafts(draft_server):
+    """A pipelined pre-draft feeds the draft drafts it assumes accepted (a look-up's may
+    break the grammar): the draft answers, unconstrained past them (never committed)."""
+    from draft_service.engine import ProposeArgs
+
+    engine = draft_server[1]
+    tokenizer = load_tokenizer("tiny-random")
+    params = constrained(GRAMMARS["regex"])
+    assumed = PROMPT + tokenizer.encode("maybe", add_special_tokens=False)
+    result = engine.propose(ProposeArgs(session_id="predraft-off-grammar", keep_len=0,
+                                        keep_digest=0, new_tokens=assumed, num_tokens=3,
+                                        sampling=params))
+    assert len(result.tokens) == 3
+    engine.release("predraft-off-grammar")

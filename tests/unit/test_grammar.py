@@ -131,3 +131,11 @@ def test_masking_sets_refused_logits_to_minus_infinity():
     assert torch.isinf(out[~allowed]).all() and (out[allowed] == 0).all()
     bits = torch.tensor([[0b101], [1 << 3]], dtype=torch.int32)
     assert torch.equal(unpack(bits, 4), allowed)
+
+
+def test_a_drafts_context_the_grammar_refuses_stops_the_matcher_without_an_error():
+    _, s = state()
+    assert not s.sync(PROMPT + ids("yes") + ids("!!") + ids(", 1"), strict=False)
+    assert s.consumed == ids("yes")  # held up to the refused token, still usable
+    assert s.sync(PROMPT + ids("yes, 1"), strict=False)
+    assert s.consumed == ids("yes, 1")
