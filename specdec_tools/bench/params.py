@@ -26,18 +26,33 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 
+from specdec import wire
+from specdec.grammar import Grammar
 from specdec.sampling import SamplingParams
 from specdec_tools.bench import harness
 from specdec_tools.bench.chat_prompts import PROMPTS
 from specdec_tools.bench.system import SystemScenario
 
+# Structured outputs: the answer as JSON of this schema (strict: every property
+# required, no others), the prompt saying so as a client's would.
+SCHEMA = {"type": "object", "additionalProperties": False,
+          "required": ["topic", "answer", "confidence"],
+          "properties": {"topic": {"type": "string", "maxLength": 60},
+                         "answer": {"type": "string"},
+                         "confidence": {"enum": ["low", "medium", "high"]}}}
+JSON_HINT = (' Reply in JSON: {"topic": a few words, "answer": your answer, '
+             '"confidence": "low", "medium" or "high"}.')
 VARIANTS = {  # name -> (sampling fields, logprobs)
     "plain": ({}, None),
     "penalties": (dict(presence_penalty=0.5, frequency_penalty=0.5, repetition_penalty=1.1,
                        logit_bias={11: -2.0}), None),
     "logprobs": ({}, 5),
     "penalties+logprobs": (dict(presence_penalty=0.5, frequency_penalty=0.5), 5),
+    "json_schema": (dict(grammar=Grammar.of("json_schema", json.dumps(SCHEMA))), None),
 }
+# The unconstrained speedup a constrained one is compared with: the same JSON prompts.
+PLAIN_JSON = "json prompts, unconstrained"
+VARIANTS[PLAIN_JSON] = ({}, None)
 LINES = [f"Line {i}: the inventory lists {i * 7 % 13} crates of apples, pears and plums "
          f"shipped from warehouse {i % 5} to the northern depot on day {i}." for i in range(22)]
 
@@ -60,12 +75,16 @@ class VariantScenario(SystemScenario):
 
     def request(self, message, max_new_tokens, sampling):
         fields, logprobs = VARIANTS[self.variant]
+        if self.variant in ("json_schema", PLAIN_JSON):
+            message += JSON_HINT
         req = super().request(message, max_new_tokens, sampling)
         if self.speculative:
             req.ClearField("num_draft_tokens")  # the server's K, load-aware
         for name, value in fields.items():
             if name == "logit_bias":
                 req.sampling.logit_bias.update(value)
+            elif name == "grammar":
+                req.sampling.grammar.CopyFrom(wire.grammar_to_proto(value))
             else:
                 setattr(req.sampling, name, value)
         if logprobs is not None:
@@ -152,6 +171,7 @@ def run(args) -> int:
     export(hf, "fp32", say=say), export(hf, "int8", say=say)
     pair = pairs.DEFAULT_PAIR.with_models(args.model, args.model)
     messages = [m for _, m in PROMPTS[:args.prompts]]
+    variants = args.variants or list(VARIANTS)
     with ExitStack() as stack:
         say("== starting target and draft services (the default pair)")
         running = pairs.start(pair, stack, pin=True)
@@ -159,8 +179,10 @@ def run(args) -> int:
                                                   draft=running.draft.address))
         answers: dict[str, str] = {}
         scenarios = [VariantScenario(service, v, spec, answers if (v, spec) == ("plain", False)
-                                     else None) for v in VARIANTS for spec in (False, True)]
-        scenarios += [PredictionScenario(service, answers, edited) for edited in (False, True)]
+                                     else None) for v in variants for spec in (False, True)]
+        if "plain" in variants:  # the predictions are plain target-only's answers
+            scenarios += [PredictionScenario(service, answers, edited)
+                          for edited in (False, True)]
         # One token of each prompt first: every scenario then finds the prompt in the
         # prefix cache alike (else the first to run would pay its prefill alone).
         for message in messages:
@@ -168,22 +190,27 @@ def run(args) -> int:
         samples = harness.run_side_by_side(scenarios, messages, args.max_new_tokens,
                                            args.repeats, warmup=True, desc="variants",
                                            say=say)
-        say("== prefix cache: time to first token, hits over misses")
-        ttft = prefix_ttft(service, args.ttft_repeats,
-                           lambda xs: tqdm(xs, desc="prefix cache", unit="repeat"))
+        ttft = {}
+        if args.ttft_repeats:
+            say("== prefix cache: time to first token, hits over misses")
+            ttft = prefix_ttft(service, args.ttft_repeats,
+                               lambda xs: tqdm(xs, desc="prefix cache", unit="repeat"))
     rows, inexact = [], []
-    for v in VARIANTS:
+    for v in variants:
         spec, base = f"{v}: specdec", f"{v}: target-only"
         texts = {(s.prompt, s.repeat): s.token_ids for s in samples if s.scenario == base}
         if any(s.token_ids != texts[(s.prompt, s.repeat)]
                for s in samples if s.scenario == spec):
             inexact.append(v)
         drafted = sum(s.drafted for s in samples if s.scenario == spec)
+        accepted = sum(s.stats.accepted_tokens for s in samples if s.scenario == spec)
         rows.append(dict(variant=v, speedup=harness.speedup(samples, spec, base),
-                         drafted_tokens=drafted))
+                         drafted_tokens=drafted,
+                         acceptance=accepted / drafted if drafted else None))
     base = "plain: target-only"
     texts = {(s.prompt, s.repeat): s.token_ids for s in samples if s.scenario == base}
-    for name in ("prediction: the answer", "prediction: edited"):
+    for name in ("prediction: the answer", "prediction: edited") if "plain" in variants \
+            else ():
         mine = [s for s in samples if s.scenario == name]
         if any(s.token_ids != texts[(s.prompt, s.repeat)] for s in mine):
             inexact.append(name)
@@ -198,18 +225,34 @@ def run(args) -> int:
     plain = rows[0]["speedup"]
     for r in rows:
         r["vs_plain"] = r["speedup"] / plain if plain else None
+    unconstrained = next((r["speedup"] for r in rows if r["variant"] == PLAIN_JSON), None)
+    for r in rows:
+        if r["variant"] == "json_schema" and unconstrained:
+            # the rule: within 15% of the unconstrained speedup, same prompts
+            r["vs_unconstrained"] = r["speedup"] / unconstrained
     meta = dict(command=" ".join(sys.argv), date=time.strftime("%Y-%m-%d"),
                 speedup_definition=harness.SPEEDUP_DEFINITION, prompts=len(messages),
                 repeats=args.repeats, max_new_tokens=args.max_new_tokens)
-    md = ["| variant | speedup | / plain's | drafted tokens | accepted prediction tokens "
-          "/ completion tokens | rejected prediction tokens |", "|---|---|---|---|---|---|"]
-    md += [f"| {r['variant']} | {r['speedup']:.2f}x | {r['vs_plain']:.2f} | "
-           f"{r['drafted_tokens']} | "
-           + (f"{r['accepted_prediction_share']:.2f} | {r['rejected_prediction_tokens']} |"
-              if "accepted_prediction_share" in r else "- | - |") for r in rows]
-    md += ["", "| prefix cache hit | TTFT / miss's (median) |", "|---|---|"]
-    md += [f"| {k.replace('_', ' ')} | {ttft[k]:.2f} |"
-           for k in ("repeat", "all_but_last_line", "second_turn")]
+    md = ["| variant | speedup | / plain's | drafted tokens | accepted / drafted | "
+          "accepted prediction tokens / completion tokens | rejected prediction tokens |",
+          "|---|---|---|---|---|---|---|"]
+
+    def f(value, fmt=".2f"):
+        return "-" if value is None else format(value, fmt)
+
+    md += [f"| {r['variant']} | {r['speedup']:.2f}x | {f(r['vs_plain'])} | "
+           f"{r['drafted_tokens']} | {f(r.get('acceptance'))} | "
+           f"{f(r.get('accepted_prediction_share'))} | "
+           f"{f(r.get('rejected_prediction_tokens'), 'd')} |" for r in rows]
+    if unconstrained and any("vs_unconstrained" in r for r in rows):
+        (c,) = [r for r in rows if "vs_unconstrained" in r]
+        md += ["", f"json_schema's speedup over constrained target-only is "
+               f"{c['vs_unconstrained']:.2f} of the unconstrained speedup on the same "
+               "JSON prompts."]
+    if ttft:
+        md += ["", "| prefix cache hit | TTFT / miss's (median) |", "|---|---|"]
+        md += [f"| {k.replace('_', ' ')} | {ttft[k]:.2f} |"
+               for k in ("repeat", "all_but_last_line", "second_turn")]
     md += ["", harness.SPEEDUP_DEFINITION + ".", f"`{meta['command']}`"]
     (out / "params.md").write_text("\n".join(md) + "\n")
     (out / "params.json").write_text(json.dumps(dict(rows=rows, ttft=ttft, meta=meta),
@@ -229,12 +272,12 @@ def _plot(rows, ttft, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.5))
+    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4), width_ratios=(2, 1))
     a.bar([r["variant"] for r in rows], [r["speedup"] for r in rows])
     a.axhline(1.0, color="grey", lw=0.8)
     a.set_ylabel("speedup over target-only")
-    a.tick_params(axis="x", labelrotation=20)
-    keys = ("repeat", "all_but_last_line", "second_turn")
+    a.tick_params(axis="x", labelrotation=30, labelsize=8)
+    keys = ("repeat", "all_but_last_line", "second_turn") if ttft else ()
     b.bar([k.replace("_", " ") for k in keys], [ttft[k] for k in keys])
     b.set_ylabel("TTFT, hit / miss")
     fig.tight_layout()
@@ -257,8 +300,11 @@ def add_parser(sub) -> None:
     p.add_argument("--repeats", type=int, default=2,
                    help="passes over the prompts (default: %(default)s)")
     p.add_argument("--ttft-repeats", type=int, default=5,
-                   help="prefix-cache measurements, each with a fresh prefix "
-                        "(default: %(default)s)")
+                   help="prefix-cache measurements, each with a fresh prefix; 0 skips "
+                        "them (default: %(default)s)")
+    p.add_argument("--variants", nargs="+", choices=list(VARIANTS), metavar="VARIANT",
+                   help="which variants to run, of: " + ", ".join(VARIANTS) + " (default: "
+                        "all; the prediction rows need plain)")
     p.add_argument("--model", default="smollm2-135m", help="model (default: %(default)s)")
     p.add_argument("--out", default="bench-results",
                    help="folder for the results (default: %(default)s)")
