@@ -43,6 +43,9 @@ class LoopStats:
     prediction_tokens: int = 0
     prediction_drafted_tokens: int = 0
     prediction_accepted_tokens: int = 0
+    # Structured outputs' jump-forward: tokens the grammar forced (the only one it
+    # allowed), committed without a model pass; included in the generated tokens.
+    forced_tokens: int = 0
     # Rounds that started an all-accepted pre-draft, by outcome: a draft rejected, or all
     # accepted and the bonus not the draft's guess (either way that pre-draft misses).
     guess_rounds: int = 0

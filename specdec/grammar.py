@@ -117,8 +117,10 @@ def vocabulary(tokenizer, n_vocab: int):
 class GrammarState:
     """One session's matcher: it has consumed `consumed`, the ids after the prompt."""
 
-    def __init__(self, grammar: Grammar, matcher, prompt_len: int, eos: Sequence[int]):
+    def __init__(self, grammar: Grammar, matcher, prompt_len: int, eos: Sequence[int],
+                 width: int = 0):
         self.grammar = grammar
+        self.width = width  # the logits' columns (the model's vocabulary)
         self.matcher = matcher
         self.prompt_len = prompt_len
         self.eos = list(eos)
@@ -170,6 +172,27 @@ class GrammarState:
         for r in (~allowed[:valid].any(dim=1)).nonzero().flatten().tolist():
             allowed[r, self.eos] = True  # stopped after an end of sequence: only the end
         return allowed
+
+    def valid_prefix(self, tokens: Sequence[int]) -> int:
+        """How many of `tokens` (after the consumed text) the grammar allows."""
+        return self.matcher.validate_tokens(list(tokens))
+
+    def forced(self, limit: int) -> list[int]:
+        """Jump-forward decoding (SGLang's; Zheng et al., "SGLang: Efficient Execution of
+        Structured Language Model Programs"): while the grammar allows exactly one token
+        after the consumed text, take it (at most `limit`, stopping after an end of
+        sequence). Each is what target-only constrained decoding would emit there, its
+        masked p being one-hot, so it is committed without a model pass."""
+        out: list[int] = []
+        while len(out) < limit:
+            allowed = self.masks([], self.width)[0].nonzero().flatten()
+            if len(allowed) != 1:
+                break
+            token = int(allowed[0])
+            out.append(token)
+            if token in self.eos or not self.consume(token):
+                break
+        return out
 
     def consume(self, token: int) -> bool:
         """Take one token the caller chose (the draft's); False if the grammar refuses it."""
@@ -235,9 +258,13 @@ class Grammars:
                 f"session {session.session_id!r} holds no grammar with digest "
                 f"{grammar.digest}; resend with keep_len = 0 and the grammar's text",
                 cached_len=0)
-        session.grammar = GrammarState(grammar, self._matcher(grammar), prompt_len,
-                                       self.vocabulary.eos_tokens)
+        session.grammar = self.new_state(grammar, prompt_len)
         return session.grammar
+
+    def new_state(self, grammar: Grammar, prompt_len: int) -> GrammarState:
+        """A matcher for a generation whose prompt is prompt_len tokens long."""
+        return GrammarState(grammar, self._matcher(grammar), prompt_len,
+                            self.vocabulary.eos_tokens, self.n_vocab)
 
     def _matcher(self, grammar: Grammar):
         from llguidance import LLMatcher

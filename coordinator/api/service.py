@@ -25,6 +25,7 @@ from specdec.errors import (
     ResourceExhausted,
     require,
 )
+from specdec.grammar import Grammars
 from specdec.grammar import check as grammar_check
 from specdec.logprobs import MAX_TOP_LOGPROBS, logprobs_to_proto
 from specdec.messages import message_from
@@ -72,6 +73,7 @@ class Plan:
     logprobs: int | None = None  # each token's raw log-probability, with this many top
     prompt_logprobs: bool = False  # ... and the prompt's
     prediction: list[int] = field(default_factory=list)  # Predicted Outputs' token ids
+    guide: object = None  # the coordinator's matcher of sampling.grammar (jump-forward)
 
 
 class GenerationService:
@@ -89,6 +91,12 @@ class GenerationService:
         self.limits = limits
         self.eos_token_ids = eos_token_ids
         self._slots = threading.BoundedSemaphore(limits.max_concurrency)
+        # Structured outputs: the coordinator's own matchers (jump-forward; the services
+        # mask with theirs).
+        self.grammars = Grammars(lambda: tokenizer, limits.vocab_size) \
+            if tokenizer is not None else None
+        if self.grammars is not None:
+            self.grammars.warm()
 
     # -- validation --------------------------------------------------------------------
 
@@ -138,11 +146,13 @@ class GenerationService:
             raise InvalidArgument(
                 f"prompt is {len(ids)} tokens; the model's context is {lim.max_context} "
                 "and leaves no room to generate: shorten the prompt")
+        guide = self.grammars.new_state(sampling.grammar, len(ids)) \
+            if sampling.grammar is not None and self.grammars is not None else None
         return Plan(ids, min(req.max_new_tokens, room), sampling, k, list(req.stop),
                     k_from_server=not req.HasField("num_draft_tokens"),
                     contrastive=contrastive, logprobs=logprobs,
                     prompt_logprobs=req.prompt_logprobs,
-                    prediction=self._prediction(req, contrastive))
+                    prediction=self._prediction(req, contrastive), guide=guide)
 
     def _prediction(self, req, contrastive) -> list[int]:
         """Predicted Outputs' text as token ids (empty without one)."""
@@ -234,7 +244,7 @@ class GenerationService:
                                   contrastive=plan.contrastive, tenant=tenant,
                                   logprobs=plan.logprobs,
                                   prompt_logprobs=plan.prompt_logprobs,
-                                  prediction=plan.prediction)
+                                  prediction=plan.prediction, guide=plan.guide)
         generated = 0
         reason = "length"
         try:

@@ -53,7 +53,7 @@ class Generation:
                  stats: LoopStats | None = None, speculative: bool = True,
                  tenant: str | None = None, fixed_k: bool = True,
                  logprobs: int | None = None, prompt_logprobs: bool = False,
-                 prediction=()):
+                 prediction=(), guide=None):
         self.prompt_len = len(prompt)
         # Both services learn where the prompt ends with the sampling parameters (the
         # presence and frequency penalties count only what follows it).
@@ -63,6 +63,9 @@ class Generation:
         # The prompt's, by position (1..len - 1), until every one is in.
         self.prompt_scores: dict[int, object] | None = {} if prompt_logprobs else None
         self.prediction = list(prediction)  # Predicted Outputs' token ids (the drafter's)
+        # The coordinator's own matcher of sampling.grammar (specdec.grammar.GrammarState),
+        # or None: jump-forward, and look-up drafts cut where the grammar refuses them.
+        self.guide = guide
         self.max_new_tokens, self.eos = max_new_tokens, set(eos_token_ids)
         self.k, self.tenant = k, tenant
         self.fixed_k = fixed_k  # K is the request's (else the planner's, at most k)
@@ -130,6 +133,11 @@ class Generation:
         drafts = self.drafter.propose(self.committed.tokens, k) \
             if self.drafter is not None else NO_DRAFTS
         drafts = trim(drafts, self.remaining - 1)
+        if self.guide is not None and drafts and drafts.source != MODEL:
+            # a look-up's (or a prediction's) drafts past what the grammar allows would
+            # be rejected for certain; the model's are masked by the draft already
+            self.guide.sync(self.committed.tokens)
+            drafts = trim(drafts, self.guide.valid_prefix(drafts.tokens))
         u = torch.rand(len(drafts), generator=self.uniforms, dtype=torch.float64).tolist()
         r = Round(self, k, drafts, self.round_index, u,
                   sent=self.committed.tokens + list(drafts.tokens))
@@ -182,6 +190,15 @@ class Generation:
         remaining = self.remaining
         tokens, kinds = r.decision.tokens[:remaining], r.decision.kinds[:remaining]
         stop = next((i for i, t in enumerate(tokens) if t in self.eos), None)
+        if stop is None and self.guide is not None and self.logprobs is None \
+                and len(tokens) < remaining:
+            # jump-forward: what the grammar forces next needs no pass (no log-probability
+            # either, so not when they are asked for)
+            self.guide.sync(self.committed.tokens + tokens)
+            forced = self.guide.forced(remaining - len(tokens))
+            tokens, kinds = tokens + forced, kinds + [TokenKind.TARGET] * len(forced)
+            self.record.stats.forced_tokens += len(forced)
+            stop = next((i for i, t in enumerate(tokens) if t in self.eos), None)
         if stop is not None:
             tokens, kinds = tokens[:stop + 1], kinds[:stop + 1]
         self.committed.extend(tokens)

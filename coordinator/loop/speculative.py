@@ -134,7 +134,7 @@ class SpeculativeLoop:
                stats: LoopStats | None = None, load_aware: bool = False,
                contrastive: ContrastiveParams | None = None, tenant: str | None = None,
                logprobs: int | None = None, prompt_logprobs: bool = False,
-               prediction: Sequence[int] = (),
+               prediction: Sequence[int] = (), guide=None,
                ) -> Iterator[RoundOutput]:
         """Run a generation round by round. Closing the iterator early (a stop string,
         a cancelled client) releases both sessions at once. `load_aware`: K was left to
@@ -146,7 +146,11 @@ class SpeculativeLoop:
         None = neither. `logprobs`: each token's raw log-probability and this many top
         alternatives (RoundOutput.logprobs); `prompt_logprobs`: the prompt's too.
         `prediction`: the token ids the output is expected to resemble (Predicted
-        Outputs): the look-up drafts from them first (coordinator.drafters.prediction)."""
+        Outputs): the look-up drafts from them first (coordinator.drafters.prediction).
+        `guide`: a matcher of sampling.grammar for this generation
+        (specdec.grammar.Grammars.new_state; the services mask with the grammar either
+        way): with it, what the grammar forces is committed without a pass
+        (jump-forward) and look-up drafts stop where the grammar refuses them."""
         if contrastive is not None:
             yield from contrastive_rounds(self, prompt_ids, max_new_tokens, sampling,
                                           num_draft_tokens, eos_token_ids, stats,
@@ -159,7 +163,7 @@ class SpeculativeLoop:
                          speculative, tenant if speculative else None,
                          fixed_k=not (load_aware or self.policy.adaptive_k),
                          logprobs=logprobs, prompt_logprobs=prompt_logprobs,
-                         prediction=prediction if speculative else ())
+                         prediction=prediction if speculative else (), guide=guide)
         gen.record.started()
         self.engine.join(gen)
         try:
@@ -179,13 +183,14 @@ class SpeculativeLoop:
                  sampling: SamplingParams, num_draft_tokens: int,
                  eos_token_ids: Sequence[int] = (),
                  on_tokens: Callable[[list[int], list[TokenKind]], None] | None = None,
-                 contrastive: ContrastiveParams | None = None) -> LoopResult:
+                 contrastive: ContrastiveParams | None = None, guide=None) -> LoopResult:
         stats = LoopStats()
         ids: list[int] = []
         kinds: list[TokenKind] = []
         reason = "length"
         for out in self.rounds(prompt_ids, max_new_tokens, sampling, num_draft_tokens,
-                               eos_token_ids, stats, contrastive=contrastive):
+                               eos_token_ids, stats, contrastive=contrastive,
+                               guide=guide):
             ids += out.tokens
             kinds += out.kinds
             if on_tokens:

@@ -59,6 +59,8 @@ class Stats:
     prediction_tokens: int = 0
     prediction_drafted_tokens: int = 0
     prediction_accepted_tokens: int = 0
+    # Structured outputs: tokens the grammar forced, committed without a model pass.
+    forced_tokens: int = 0
     coordinator_replica: str = ""
     coordinator_node: str = ""
     draft_replicas: tuple[str, ...] = ()

@@ -137,3 +137,51 @@ def test_a_predraft_from_drafts_the_grammar_refuses_still_drafts(draft_server):
                                         sampling=params))
     assert len(result.tokens) == 3
     engine.release("predraft-off-grammar")
+
+
+def guide_for(grammar: Grammar, prompt=PROMPT):
+    from specdec.runtime.models import TINY_VOCAB
+
+    return Grammars(lambda: load_tokenizer("tiny-random"), TINY_VOCAB).new_state(
+        grammar, len(prompt))
+
+
+@pytest.mark.parametrize("name", sorted(GRAMMARS))
+@pytest.mark.parametrize("k", [0, 4])
+def test_jump_forward_commits_forced_tokens_without_changing_the_output(loop, name, k):
+    """With the coordinator's matcher, what the grammar forces (at least the end of
+    sequence after a complete text) is committed without a pass: the same tokens, fewer
+    rounds."""
+    params = constrained(GRAMMARS[name])
+    plain = loop.generate(PROMPT, 48, params, k, eos_token_ids=[EOS])
+    jumped = loop.generate(PROMPT, 48, params, k, eos_token_ids=[EOS],
+                           guide=guide_for(GRAMMARS[name]))
+    assert jumped.token_ids == plain.token_ids and jumped.finish_reason == "eos"
+    assert jumped.stats.forced_tokens >= 1 and plain.stats.forced_tokens == 0
+    assert jumped.stats.rounds <= plain.stats.rounds - 1
+
+
+def test_sampled_jump_forward_stays_valid(loop):
+    params = constrained(GRAMMARS["json_schema"], temperature=1.0)
+    tokenizer = load_tokenizer("tiny-random")
+    for seed in range(10):
+        result = loop.generate(PROMPT, 64, replace(params, seed=seed), 4, eos_token_ids=[EOS],
+                               guide=guide_for(GRAMMARS["json_schema"]))
+        assert matches("json_schema", tokenizer.decode(result.token_ids[:-1])), seed
+        assert result.stats.forced_tokens >= 1
+
+
+def test_lookup_drafts_stop_where_the_grammar_refuses_them(draft_client, target_client):
+    """A look-up that would draft the prompt's text back: with the coordinator's matcher,
+    no draft the grammar refuses reaches the target."""
+    from coordinator.drafters.base import LOOKUP
+
+    prompt = PROMPT + [65, 31, 7, 65, 31, 7]  # repeats: the look-up finds matches
+    looking = SpeculativeLoop(None, target_client, LoopPolicy(pipeline=False, drafter=LOOKUP))
+    params = constrained(GRAMMARS["regex"], prompt)
+    plain = looking.generate(prompt, 24, params, 4, eos_token_ids=[EOS])
+    guided = looking.generate(prompt, 24, params, 4, eos_token_ids=[EOS],
+                              guide=guide_for(GRAMMARS["regex"], prompt))
+    assert guided.token_ids == plain.token_ids
+    assert plain.stats.drafted_tokens > plain.stats.accepted_tokens  # refused drafts sent
+    assert guided.stats.drafted_tokens == guided.stats.accepted_tokens  # none refused
