@@ -185,3 +185,55 @@ def test_lookup_drafts_stop_where_the_grammar_refuses_them(draft_client, target_
     assert guided.token_ids == plain.token_ids
     assert plain.stats.drafted_tokens > plain.stats.accepted_tokens  # refused drafts sent
     assert guided.stats.drafted_tokens == guided.stats.accepted_tokens  # none refused
+
+
+def test_bad_grammars_over_grpc_fail_only_their_own_item(target_stub, draft_stub):
+    import grpc
+
+    from specdec import wire
+    from specdec.v1 import common_pb2, target_pb2
+    from tests.service.conftest import propose_req, verify_req
+
+    def sampling(grammar: Grammar, spec: bool = True):
+        return wire.sampling_to_proto(constrained(grammar), grammar_spec=spec)
+
+    good = verify_req("g-good", PROMPT + [5], num_draft=1,
+                      sampling=sampling(GRAMMARS["regex"]))
+    bad = verify_req("g-bad", PROMPT, sampling=sampling(Grammar.of("regex", "(")))
+    unheld = verify_req("g-unheld", PROMPT, keep_len=2, prefix=PROMPT,
+                        sampling=sampling(GRAMMARS["choice"], spec=False))
+    plain = verify_req("g-plain", PROMPT)
+    batch = target_stub.VerifyBatch(target_pb2.VerifyBatchRequest(
+        items=[good, bad, unheld, plain]), timeout=30)
+    outcome = [item.WhichOneof("outcome") for item in batch.items]
+    assert outcome == ["result", "error", "error", "result"]
+    assert batch.items[1].error.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+    assert "unclosed group" in batch.items[1].error.message
+    assert batch.items[2].error.code in (grpc.StatusCode.NOT_FOUND.value[0],
+                                         grpc.StatusCode.FAILED_PRECONDITION.value[0])
+    # a session that holds no grammar, named by digest: resync from the start
+    target_stub.Verify(verify_req("g-plain2", PROMPT), timeout=30)
+    with pytest.raises(grpc.RpcError) as info:
+        target_stub.Verify(verify_req("g-plain2", [5], keep_len=len(PROMPT), prefix=PROMPT,
+                                      sampling=sampling(GRAMMARS["choice"], spec=False)),
+                           timeout=30)
+    assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "keep_len = 0" in info.value.details()
+    assert dict(info.value.trailing_metadata()).get("specdec-cached-len") == "0"
+    with pytest.raises(grpc.RpcError) as info:
+        draft_stub.Propose(propose_req("g-draft-bad", PROMPT, sampling=sampling(
+            Grammar.of("json_schema", '{"type": 5}'))), timeout=30)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    unset = common_pb2.SamplingParams(grammar=common_pb2.Grammar(spec="a+"))
+    with pytest.raises(grpc.RpcError) as info:
+        target_stub.Verify(verify_req("g-kind", PROMPT, sampling=unset), timeout=30)
+    assert "sampling.grammar.kind must be set" in info.value.details()
+    for stub, sid in ((target_stub, "g-good"), (target_stub, "g-plain"),
+                      (target_stub, "g-plain2")):
+        release(stub, sid)
+
+
+def release(stub, session_id):
+    from specdec.v1 import common_pb2
+
+    stub.Release(common_pb2.ReleaseRequest(session_id=session_id), timeout=10)

@@ -139,3 +139,17 @@ def test_a_drafts_context_the_grammar_refuses_stops_the_matcher_without_an_error
     assert s.consumed == ids("yes")  # held up to the refused token, still usable
     assert s.sync(PROMPT + ids("yes, 1"), strict=False)
     assert s.consumed == ids("yes, 1")
+
+
+def test_the_coordinator_sends_the_grammars_text_only_to_start_a_session():
+    from coordinator.remote.clients import propose_request, verify_request
+    from specdec.propose import ProposeOptions
+    from specdec.sync import SyncRequest
+
+    params = SamplingParams(grammar=REGEX, prompt_len=3)
+    for keep_len, spec in ((0, REGEX.spec), (3, "")):
+        sync = SyncRequest("s", keep_len, 0, [5])
+        for req in (propose_request(sync, params, ProposeOptions(num_tokens=2)),
+                    verify_request(sync, [6], [], params, 1)):
+            assert req.sampling.grammar.spec == spec
+            assert req.sampling.grammar.digest == REGEX.digest
