@@ -138,7 +138,9 @@ class GrammarState:
         while same < limit and self.consumed[same] == target[same]:
             same += 1
         if same < len(self.consumed):
-            self.matcher.rollback(len(self.consumed) - same)
+            if not self.matcher.rollback(len(self.consumed) - same):
+                self.matcher.reset()  # past what it can roll back: from the start
+                same = 0
             del self.consumed[same:]
         rest = target[same:]
         if rest:

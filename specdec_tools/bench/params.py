@@ -1,11 +1,15 @@
-"""`specdec bench-params`: sampling parameters, Predicted Outputs and the prefix cache,
-through the real services (issues 31, 32).
+"""`specdec bench-params`: sampling parameters, structured outputs, Predicted Outputs and
+the prefix cache, through the real services (issues 31, 32).
 
 Speculation stays on with every sampling parameter, and it should pay as much: for each
 variant (plain, penalties, logprobs, both) it runs target-only and speculative decoding
 (the server's K, as `specdec up` deploys it) back to back per prompt and reports the
 speedup (harness.SPEEDUP_DEFINITION) and its ratio to the plain variant's. Greedy runs
 check every variant's speculative text against its own target-only text.
+
+Structured outputs: the prompts with a sentence asking for JSON, unconstrained and with
+a strict schema; the constrained speedup (over constrained target-only) is reported as
+a share of the unconstrained one on the same prompts (the issue asks within 15%).
 
 Predicted Outputs: the plain request with its target-only answer as the prediction,
 and with an edited one (a sentence inserted, a stretch taken out): the speedup over
@@ -286,9 +290,12 @@ def _plot(rows, ttft, path: Path) -> None:
 
 def add_parser(sub) -> None:
     p = sub.add_parser(
-        "bench-params", help="speedup with penalties and logprobs; prefix-cache TTFT",
+        "bench-params", help="speedup with penalties, logprobs, a JSON schema and "
+                             "predictions; prefix-cache TTFT",
         description="Target-only and speculative decoding side by side per sampling "
-                    "variant (plain, penalties, logprobs, both), through the default pair "
+                    "variant (plain, penalties, logprobs, both, a strict JSON schema and "
+                    "the same JSON prompts unconstrained), and with Predicted Outputs, "
+                    "through the default pair "
                     "and the coordinator's defaults, and the prefix cache's time to first "
                     "token on hits over misses; writes params.json, params.md and "
                     "params.png. Greedy runs check every text against target-only (exit 1 "
