@@ -153,8 +153,12 @@ class DraftEngine:
                 except Exception as exc:  # noqa: BLE001 - this item's own status
                     out[i] = exc
                     continue
-                steps = self._start(args, s, top_n, top_mass, cancelled)
-                live[i] = (args, s, steps, next(steps))
+                try:
+                    steps = self._start(args, s, top_n, top_mass, cancelled)
+                    live[i] = (args, s, steps, next(steps))
+                except Exception as exc:  # noqa: BLE001 - e.g. its grammar does not compile
+                    self.model.store.drop(s)
+                    out[i] = exc
             while live:
                 items = list(live.items())
                 fed = self.model.feed_many([(s, tokens, 1)
@@ -189,6 +193,9 @@ class DraftEngine:
                                                            torch.Tensor, ProposeResult]:
         """Crop a checked-out session to keep_len and return its drafting steps."""
         self.model.crop(s, args.keep_len)
+        # the request's grammar: compiled (or refused) before any pass
+        self.grammars.state(s, args.sampling.grammar, args.sampling.prompt_len,
+                            starting=args.keep_len == 0)
         if self.dynamic is not None:
             self._observe(s, args)
             self.dynamic.set(self.climber.skip_set())
@@ -210,8 +217,7 @@ class DraftEngine:
         k = args.num_tokens
         logits = yield list(args.new_tokens), k > 1
         passes = [s.last_pass.seconds]
-        grammar = self.grammars.state(s, params.grammar, params.prompt_len) \
-            if params.grammar is not None else None
+        grammar = s.grammar  # (set by _start)
         if grammar is not None and not grammar.sync(s.tokens, strict=False):
             grammar = None  # a pre-draft's assumed drafts left the grammar: never committed
         for i in range(k):
@@ -240,7 +246,7 @@ class DraftEngine:
                 dists.append(SparseQ.quantised(ids, counts))
             tokens.append(x)
             s.state.next_token = (s.cached_len, x)  # a read-only Score may ask for it
-            if grammar is not None and not grammar.consume(x):
+            if grammar is not None and (x in grammar.eos or not grammar.consume(x)):
                 break  # the end of the text: nothing may follow it
             if i + 1 == k or confidence < args.exit_below or cancelled():
                 break  # x is returned but not fed: the cache ends before it

@@ -31,6 +31,8 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import logging
+import re
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -38,13 +40,16 @@ from dataclasses import dataclass
 
 import torch
 
-from specdec.errors import FailedPrecondition, InvalidArgument
+from specdec.errors import FailedPrecondition, InvalidArgument, require
 
+log = logging.getLogger(__name__)
 KINDS = ("json_schema", "json_object", "regex", "choice", "lark")
 # Compact JSON, as json.dumps writes it: a model cannot pad it with whitespace forever.
 # A schema's own "x-guidance" options override these.
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 MAX_SPEC_BYTES = 64 * 1024
+# llguidance's lexeme attributes that disable rollback (Lark: `name[stop="\n"]: ...`)
+NO_ROLLBACK = re.compile(r"\[[^\]\n]*\b(stop|max_tokens)\s*=")
 
 
 @dataclass(frozen=True)
@@ -97,6 +102,9 @@ def check(grammar: Grammar, tokenizer=None) -> str:
         return f"a {grammar.kind} grammar needs its text"
     if len(grammar.spec.encode()) > MAX_SPEC_BYTES:
         return f"the grammar is over {MAX_SPEC_BYTES // 1024} KiB"
+    if grammar.kind == "lark" and NO_ROLLBACK.search(grammar.spec):
+        return ("a lexeme with stop= or max_tokens= cannot be rolled back, which "
+                "verifying drafts needs; use suffix= (llguidance's) or a plain rule")
     try:
         compiled = grammar.llguidance()
         error, messages = LLMatcher.validate_grammar_with_warnings(compiled, tokenizer)
@@ -117,14 +125,28 @@ def vocabulary(tokenizer, n_vocab: int):
 class GrammarState:
     """One session's matcher: it has consumed `consumed`, the ids after the prompt."""
 
-    def __init__(self, grammar: Grammar, matcher, prompt_len: int, eos: Sequence[int],
+    def __init__(self, grammar: Grammar, fresh, prompt_len: int, eos: Sequence[int],
                  width: int = 0):
         self.grammar = grammar
         self.width = width  # the logits' columns (the model's vocabulary)
-        self.matcher = matcher
+        self._fresh = fresh  # the compiled matcher before any token (shared; never fed)
+        self.matcher = fresh.deep_copy()
         self.prompt_len = prompt_len
         self.eos = list(eos)
         self.consumed: list[int] = []
+
+    def _restart(self) -> None:
+        """A new matcher from the start. For a grammar llguidance cannot roll back (a
+        lexeme with stop= or max_tokens=), or one it left in its error state, which it
+        never leaves: the next sync re-feeds the ids."""
+        self.matcher = self._fresh.deep_copy()
+        self.consumed = []
+
+    def _check(self) -> None:
+        if self.matcher.is_error():
+            error = self.matcher.get_error()
+            self._restart()
+            raise InvalidArgument(f"the request's {self.grammar.kind} grammar failed: {error}")
 
     def sync(self, tokens: Sequence[int], strict: bool = True) -> bool:
         """Roll back and consume until the matcher holds exactly tokens[prompt_len:].
@@ -138,10 +160,11 @@ class GrammarState:
         while same < limit and self.consumed[same] == target[same]:
             same += 1
         if same < len(self.consumed):
-            if not self.matcher.rollback(len(self.consumed) - same):
-                self.matcher.reset()  # past what it can roll back: from the start
+            if self.matcher.rollback(len(self.consumed) - same) and not self.matcher.is_error():
+                del self.consumed[same:]
+            else:
+                self._restart()
                 same = 0
-            del self.consumed[same:]
         rest = target[same:]
         if rest:
             ok = self.matcher.validate_tokens(rest)
@@ -151,8 +174,10 @@ class GrammarState:
                     f"token {rest[ok]} at position {at} breaks the request's "
                     f"{self.grammar.kind} grammar (the committed text must match it; "
                     "sampling.prompt_len must say where the prompt ends)")
-            self.matcher.consume_tokens(rest[:ok])
-            self.consumed += rest[:ok]
+            if ok:
+                self.matcher.consume_tokens(rest[:ok])
+                self.consumed += rest[:ok]
+                self._check()
             return ok == len(rest)
         return True
 
@@ -167,6 +192,7 @@ class GrammarState:
         bits = allocate_token_bitmask(len(drafts) + 1, width)
         for r in range(valid):
             fill_next_token_bitmask(self.matcher, bits, r)
+            self._check()  # e.g. a parser limit: an error, not an end-of-sequence-only row
             if r < valid - 1:
                 self.consume(drafts[r])
         allowed = unpack(bits, width)
@@ -188,7 +214,7 @@ class GrammarState:
         out: list[int] = []
         while len(out) < limit:
             allowed = self.masks([], self.width)[0].nonzero().flatten()
-            if len(allowed) != 1:
+            if len(allowed) != 1:  # (an error state raises in masks: never an end here)
                 break
             token = int(allowed[0])
             out.append(token)
@@ -225,11 +251,16 @@ class Grammars:
         self.n_vocab = n_vocab
         self._fresh: OrderedDict[int, object] = OrderedDict()
         self._cached = cached
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
 
     @property
     def vocabulary(self):
-        return vocabulary(self._tokenizer(), self.n_vocab)
+        try:
+            with self._lock:  # one build (the warm-up thread and a first request)
+                return vocabulary(self._tokenizer(), self.n_vocab)
+        except Exception as e:  # noqa: BLE001 - e.g. a slow (Python) tokenizer
+            raise InvalidArgument(f"this service cannot apply grammars: its tokenizer "
+                                  f"does not convert for llguidance ({e})") from e
 
     def warm(self) -> threading.Thread:
         """Build the vocabulary and load the mask code in the background (about a
@@ -237,16 +268,21 @@ class Grammars:
         def build():
             import llguidance.torch  # noqa: F401 - its first import is the slow part
 
-            self.vocabulary  # noqa: B018 - cached
+            try:
+                self.vocabulary  # noqa: B018 - cached
+            except InvalidArgument as e:  # said again to each constrained request
+                log.warning("%s", e)
 
         thread = threading.Thread(target=build, name="grammar-warm", daemon=True)
         thread.start()
         return thread
 
-    def state(self, session, grammar: Grammar | None, prompt_len: int) -> GrammarState | None:
+    def state(self, session, grammar: Grammar | None, prompt_len: int,
+              starting: bool = False) -> GrammarState | None:
         """The session's matcher for this request's grammar (None without one), made when
-        the grammar's text comes (a session's start); a request that names the grammar
-        only by digest must find the session holding it, or is told to resync."""
+        the grammar's text comes (a session's start, `starting`: keep_len 0); a request
+        that names the grammar only by digest must find the session holding it, or is
+        told to resync."""
         if grammar is None:
             session.grammar = None
             return None
@@ -256,6 +292,9 @@ class Grammars:
             return held
         if not grammar.spec and grammar.kind != "json_object":
             session.grammar = None
+            require(not starting, "sampling.grammar.spec is empty: a session starts "
+                                  "(keep_len = 0) with the grammar's text; later requests "
+                                  "may name it by digest alone")
             raise FailedPrecondition(
                 f"session {session.session_id!r} holds no grammar with digest "
                 f"{grammar.digest}; resend with keep_len = 0 and the grammar's text",
@@ -269,19 +308,29 @@ class Grammars:
                             self.vocabulary.eos_tokens, self.n_vocab)
 
     def _matcher(self, grammar: Grammar):
+        """The compiled matcher of `grammar`, before any token (cached by digest; callers
+        copy it). Compiled once: a bad grammar is a matcher in its error state."""
         from llguidance import LLMatcher
 
         with self._lock:
             fresh = self._fresh.get(grammar.digest)
             if fresh is not None:
                 self._fresh.move_to_end(grammar.digest)
-                return fresh.deep_copy()
-        error = check(grammar, self.vocabulary)
+                return fresh
+        vocab = self.vocabulary
+        error = "" if grammar.kind in KINDS else f"unknown grammar kind {grammar.kind!r}"
+        if grammar.kind == "lark" and NO_ROLLBACK.search(grammar.spec):
+            error = check(grammar)
+        try:
+            fresh = None if error else LLMatcher(vocab, grammar.llguidance(), log_level=0)
+        except Exception as e:  # noqa: BLE001 - bad JSON, a GBNF the converter cannot read
+            error = str(e) or type(e).__name__
+        if fresh is not None and fresh.is_error():
+            error = fresh.get_error()
         if error:
             raise InvalidArgument(f"sampling.grammar: {error}")
-        fresh = LLMatcher(self.vocabulary, grammar.llguidance(), log_level=0)
         with self._lock:
             self._fresh[grammar.digest] = fresh
             while len(self._fresh) > self._cached:
                 self._fresh.popitem(last=False)
-        return fresh.deep_copy()
+        return fresh

@@ -49,20 +49,26 @@ def sampling_to_proto(params: SamplingParams,
     return msg
 
 
+# specdec.grammar's kinds <-> Grammar.Kind (KIND_JSON_SCHEMA is "json_schema", ...)
+GRAMMAR_KINDS = {kind: common_pb2.Grammar.Kind.Value("KIND_" + kind.upper())
+                 for kind in KINDS}
+_KIND_NAMES = {v: k for k, v in GRAMMAR_KINDS.items()}
+
+
 def grammar_to_proto(g: Grammar, spec: bool = True) -> common_pb2.Grammar:
-    return common_pb2.Grammar(kind=GRAMMAR_KINDS.index(g.kind) + 1,
-                              spec=g.spec if spec else "", digest=g.digest)
-
-
-GRAMMAR_KINDS = KINDS  # Grammar.Kind's values 1, 2, ... in this order
+    return common_pb2.Grammar(kind=GRAMMAR_KINDS[g.kind], spec=g.spec if spec else "",
+                              digest=g.digest)
 
 
 def grammar_from_proto(msg: common_pb2.Grammar) -> Grammar:
     """Kind 0 (unset) or unknown reads as "" (refused by SamplingParams.validate). With
     its text, the digest is computed here (a sent one is not trusted: the services cache
-    compiled grammars by it); without, the sent digest names the session's grammar."""
-    kind = GRAMMAR_KINDS[msg.kind - 1] if 1 <= msg.kind <= len(GRAMMAR_KINDS) else ""
-    if msg.spec or kind == "json_object" or not msg.digest:
+    compiled grammars by it); without, the sent digest names the session's grammar. A
+    json_object grammar has no text (any sent is ignored)."""
+    kind = _KIND_NAMES.get(msg.kind, "")
+    if kind == "json_object":
+        return Grammar.of(kind)
+    if msg.spec or not msg.digest:
         return Grammar.of(kind, msg.spec)
     return Grammar(kind, "", msg.digest)
 

@@ -145,6 +145,7 @@ class TargetEngine:
         with self.model.metrics.inflight(), \
                 self.model.store.use(args.session_id, args.keep_len, args.keep_digest,
                                      needed, busy_wait_s=busy_wait_s) as s:
+            self._grammar(args, s)  # compiled (or refused) before the pass
             try:
                 # A target-only round's next Verify follows within milliseconds (the
                 # coordinator needs nothing else first), so the scheduler may keep it in
@@ -153,9 +154,14 @@ class TargetEngine:
                                          cancelled=cancelled)
             except Cancelled:
                 logits = None  # nothing was fed: the session is put back as kept
-        if logits is None:
-            raise Cancelled("the client called this request off")
-        return self._result(args, draft_q, logits, s)
+            if logits is not None:  # (a failure here drops the session, matcher and all)
+                return self._result(args, draft_q, logits, s)
+        raise Cancelled("the client called this request off")
+
+    def _grammar(self, args: VerifyArgs, s) -> None:
+        """The session's matcher for the request's grammar (specdec.grammar)."""
+        self.grammars.state(s, args.sampling.grammar, args.sampling.prompt_len,
+                            starting=args.keep_len == 0)
 
     def verify_batch(self, batch: list[VerifyArgs], busy_wait_s: float = 0.0,
                      cancelled: Callable[[], bool] | None = None,
@@ -179,6 +185,11 @@ class TargetEngine:
                         s = self.model.store.checkout(
                             args.session_id, args.keep_len, args.keep_digest,
                             args.keep_len + len(args.new_tokens), busy_wait_s)
+                        try:
+                            self._grammar(args, s)
+                        except Exception:
+                            self.model.store.drop(s)
+                            raise
                     except Exception as exc:  # noqa: BLE001 - this item's own status
                         out[i] = exc
                         continue
@@ -221,10 +232,9 @@ class TargetEngine:
         params = args.sampling
         processed = penalise(logits, params, s.tokens[:len(s.tokens) - k], drafts) \
             if params.penalised else logits  # (no copy of the session's ids without them)
-        if params.grammar is not None:  # row r allows what follows the first r drafts
-            state = self.grammars.state(s, params.grammar, params.prompt_len)
-            state.sync(s.tokens[:len(s.tokens) - k])
-            processed = mask(processed, state.masks(drafts, processed.shape[1]))
+        if s.grammar is not None:  # row r allows what follows the first r drafts
+            s.grammar.sync(s.tokens[:len(s.tokens) - k])
+            processed = mask(processed, s.grammar.masks(drafts, processed.shape[1]))
         if params.greedy:
             result = greedy_round(processed, drafts)
         else:

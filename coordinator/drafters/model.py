@@ -71,13 +71,17 @@ class ModelDrafter:
     # -- the round ---------------------------------------------------------------------
 
     def propose(self, context: Sequence[int], k: int) -> Drafts:
-        """The ready pre-draft's drafts if it assumed `context` (at most k), else none."""
+        """The ready pre-draft's drafts if it assumed `context` (at most k), else none.
+        A context that went on along the pre-draft's own first tokens (a structured
+        output's forced tokens, committed without a pass: the draft's masked q forced
+        the same ones) uses the rest."""
         pre, self.ready = self.ready, None
         if pre is None:
             return NO_DRAFTS
-        tokens, dists = pre.tokens[pre.lead:], list(pre.reply.dists)[pre.lead:]
+        skip = _along(pre, context)
+        tokens, dists = pre.tokens[skip or 0:], list(pre.reply.dists)[skip or 0:]
         n = min(k, len(tokens))
-        used = pre.assumed + pre.tokens[:pre.lead] == list(context) and n > 0
+        used = skip is not None and n > 0
         if pre.pipelined:
             self.record.predraft(used)
         if not used:
@@ -141,7 +145,7 @@ class ModelDrafter:
         pre, self.sent = self.sent, None
         if pre is None or not self._answered(pre, outcome.reply):
             return
-        if list(outcome.committed) != pre.assumed + pre.tokens[:pre.lead]:
+        if _along(pre, outcome.committed) is None:
             self.record.predraft(False)  # the round's outcome is not what it assumed
             return
         self.ready = pre
@@ -196,3 +200,14 @@ class ModelDrafter:
             return [1.0] * len(tokens)
         return [wire.dist_from_proto(d, f"dists[{i}]").prob_of(x)
                 for i, (x, d) in enumerate(zip(tokens, dists, strict=True))]
+
+
+def _along(pre: PreDraft, context: Sequence[int]) -> int | None:
+    """How many of the pre-draft's tokens `context` has taken: its lead when the context
+    is what it assumed, more when the context went on along its own tokens (a structured
+    output's forced tokens); None when the context left it."""
+    base = pre.assumed + pre.tokens[:pre.lead]
+    skip = pre.lead + len(context) - len(base)
+    if skip < pre.lead or skip > len(pre.tokens):
+        return None
+    return skip if base + pre.tokens[pre.lead:skip] == list(context) else None

@@ -9,6 +9,7 @@ generation is here; the engine only orders the steps and batches the calls.
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 import time
@@ -25,9 +26,11 @@ from coordinator.remote.clients import WireBytes
 from coordinator.remote.link import DraftLink, TargetLink
 from coordinator.remote.routing import Pins
 from specdec.digest import TokenPrefix
-from specdec.errors import Unavailable
+from specdec.errors import SpecdecError, Unavailable
 from specdec.sampling import SamplingParams, derive_seed, generator
 from specdec.verify import Decision, TokenKind, decide
+
+log = logging.getLogger(__name__)
 
 PREFILL_CHUNK = 512  # prompt tokens a target prefill feeds per step at most
 
@@ -136,8 +139,7 @@ class Generation:
         if self.guide is not None and drafts and drafts.source != MODEL:
             # a look-up's (or a prediction's) drafts past what the grammar allows would
             # be rejected for certain; the model's are masked by the draft already
-            self.guide.sync(self.committed.tokens)
-            drafts = trim(drafts, self.guide.valid_prefix(drafts.tokens))
+            drafts = self._grammatical(drafts)
         u = torch.rand(len(drafts), generator=self.uniforms, dtype=torch.float64).tolist()
         r = Round(self, k, drafts, self.round_index, u,
                   sent=self.committed.tokens + list(drafts.tokens))
@@ -194,8 +196,7 @@ class Generation:
                 and len(tokens) < remaining:
             # jump-forward: what the grammar forces next needs no pass (no log-probability
             # either, so not when they are asked for)
-            self.guide.sync(self.committed.tokens + tokens)
-            forced = self.guide.forced(remaining - len(tokens))
+            forced = self._forced(tokens, remaining - len(tokens))
             tokens, kinds = tokens + forced, kinds + [TokenKind.TARGET] * len(forced)
             self.record.stats.forced_tokens += len(forced)
             stop = next((i for i, t in enumerate(tokens) if t in self.eos), None)
@@ -214,6 +215,32 @@ class Generation:
             prompt = [self.prompt_scores[i] for i in range(1, self.prompt_len)]
             self.prompt_scores = None
         r.output = RoundOutput(tokens, kinds, reason, logprobs, prompt)
+
+    def _grammatical(self, drafts):
+        """The drafts up to the first the grammar refuses (that one is no guess to
+        pre-draft on either)."""
+        try:
+            if self.guide.sync(self.committed.tokens, strict=False):
+                valid = self.guide.valid_prefix(drafts.tokens)
+                if valid < len(drafts):
+                    return replace(trim(drafts, valid), guess=None)
+        except SpecdecError as e:  # its own error state: go on without it
+            log.warning("generation %s: the coordinator's matcher is off (%s)",
+                        self.session_id, e)
+            self.guide = None
+        return drafts
+
+    def _forced(self, tokens: list[int], limit: int) -> list[int]:
+        """The tokens the grammar forces after the committed text and `tokens` (none when
+        the coordinator's matcher cannot follow: the services enforce the grammar)."""
+        try:
+            if self.guide.sync(self.committed.tokens + tokens, strict=False):
+                return self.guide.forced(limit)
+        except SpecdecError as e:  # its own error state: go on without jump-forward
+            log.warning("generation %s: the coordinator's matcher is off (%s)",
+                        self.session_id, e)
+            self.guide = None
+        return []
 
     def observe(self, r: Round) -> None:
         """Tell the drafter how the round went (and give it its reply)."""

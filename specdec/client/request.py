@@ -151,6 +151,9 @@ def grammar_message(structured_output: Mapping[str, object]) -> common_pb2.Gramm
                          f"{', '.join(GRAMMAR_KINDS)}, got {structured_output!r}")
     (kind, value), = structured_output.items()
     if kind == "json_object":
+        if value is not True:
+            raise ValueError("structured_output {'json_object': True} asks for any JSON "
+                             f"object; got {value!r}")
         return common_pb2.Grammar(kind=GRAMMAR_KINDS[kind])
     if kind in ("json", "choice") and not isinstance(value, str):
         value = json.dumps(value)

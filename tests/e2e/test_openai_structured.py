@@ -37,7 +37,8 @@ def chat(client, model, **kw):
 
 def test_parse_returns_the_pydantic_object_as_target_only_would(client, model):
     got = client.chat.completions.parse(model=model, messages=MESSAGES, max_tokens=80,
-                                        temperature=0, response_format=Weather)
+                                        temperature=0, response_format=Weather,
+                                        extra_body={"num_draft_tokens": 4})
     message = got.choices[0].message
     assert got.choices[0].finish_reason == "stop"
     assert isinstance(message.parsed, Weather)
@@ -127,6 +128,7 @@ def test_grpc_generate_takes_a_grammar(generator_stub):
     ({"structured_outputs": {"regex": "a", "choice": ["a"]}}, "structured_outputs"),
     ({"structured_outputs": {"choice": []}}, "structured_outputs.choice"),
     ({"guided_json": "{not json"}, "guided_json"),
+    ({"guided_grammar": 'start: "a" x\nx[stop="."]: /[a-z]+/'}, "guided_grammar"),
     ({"response_format": {"type": "json_object"}, "guided_regex": "a+"}, "guided_regex"),
 ])
 def test_a_bad_constraint_is_400_naming_it(client, model, extra, param):

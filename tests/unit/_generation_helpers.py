@@ -41,9 +41,10 @@ class FakeLoop:
 
     def rounds(self, prompt_ids, max_new_tokens, sampling, k, eos_ids, stats,
                load_aware=False, contrastive=None, tenant=None, logprobs=None,
-               prompt_logprobs=False, prediction=()):
+               prompt_logprobs=False, prediction=(), guide=None):
         self.calls.append(dict(prompt_ids=list(prompt_ids), max_new_tokens=max_new_tokens,
-                               sampling=sampling, k=k, eos_ids=list(eos_ids), tenant=tenant))
+                               sampling=sampling, k=k, eos_ids=list(eos_ids), tenant=tenant,
+                               guide=guide))
         assert isinstance(stats, LoopStats)
         self.started += 1
         try:

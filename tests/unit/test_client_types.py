@@ -183,7 +183,8 @@ def test_structured_output_reaches_the_request_as_the_services_read_it():
     for key, (value, grammar) in cases.items():
         request = client.build_request("x", structured_output={key: value})
         assert wire.sampling_from_proto(request.sampling).grammar == grammar, key
-    for bad in ({}, {"json": schema, "regex": "a"}, {"yaml": "a: 1"}, {"regex": 5}):
+    for bad in ({}, {"json": schema, "regex": "a"}, {"yaml": "a: 1"}, {"regex": 5},
+                {"json_object": False}):
         with pytest.raises(ValueError, match="structured_output"):
             client.build_request("x", structured_output=bad)
 

@@ -124,6 +124,20 @@ def test_a_pre_draft_whose_assumption_failed_is_thrown_away():
     assert d.record.stats.predrafts_wasted == 1
 
 
+def test_a_context_that_went_on_along_the_pre_draft_uses_the_rest():
+    """A structured output's forced tokens, committed without a pass, are the
+    pre-draft's own first tokens (the draft's mask forced them too): the rest are used."""
+    d = model()
+    context = [1, 2, 3]
+    d.prepare(context, NO_DRAFTS, 4)
+    d.observe(Outcome(context + [9, 20], NO_DRAFTS, 0, reply([9, 20, 21, 22, 23], 7)))
+    drafts = d.propose(context + [9, 20], 3)
+    assert drafts.tokens == [21, 22] and drafts.guess == 23
+    d.prepare(context, NO_DRAFTS, 4)
+    d.observe(Outcome(context + [9, 30], NO_DRAFTS, 0, reply([9, 20, 21, 22, 23], 7)))
+    assert d.propose(context + [9, 30], 3) == NO_DRAFTS  # went on elsewhere
+
+
 def test_after_model_drafts_the_pre_draft_assumes_them_and_the_guess():
     d = model()
     drafts = Drafts([20, 21], source=MODEL, guess=22)

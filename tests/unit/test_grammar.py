@@ -12,7 +12,7 @@ import torch
 
 from specdec import wire
 from specdec.errors import FailedPrecondition, InvalidArgument
-from specdec.grammar import Grammar, Grammars, check, mask, unpack
+from specdec.grammar import Grammar, Grammars, GrammarState, check, mask, unpack
 from specdec.runtime.models import TINY_VOCAB, load_tokenizer
 from specdec.sampling import SamplingParams
 
@@ -119,6 +119,7 @@ def test_the_wire_leaves_the_text_off_after_the_start():
     (Grammar.of("lark", "start: undefined_rule"), "undefined_rule"),
     (Grammar.of("regex", ""), "needs its text"),
     (Grammar.of("yaml", "a: 1"), "unknown grammar kind"),
+    (Grammar.of("lark", 'start: x\nx[max_tokens=3]: /[a-z]+/'), "cannot be rolled back"),
 ])
 def test_check_explains_a_bad_grammar(grammar, says):
     assert says in check(grammar)
@@ -153,3 +154,37 @@ def test_the_coordinator_sends_the_grammars_text_only_to_start_a_session():
                     verify_request(sync, [6], [], params, 1)):
             assert req.sampling.grammar.spec == spec
             assert req.sampling.grammar.digest == REGEX.digest
+
+
+def test_a_grammar_that_cannot_roll_back_is_restarted_and_refed():
+    """llguidance refuses to roll back past a stop= lexeme (and its matcher then stays
+    in its error state): sync starts a new matcher and feeds the ids again."""
+    from llguidance import LLMatcher
+
+    grammar = Grammar.of("lark", 'start: "A: " ans\nans[stop="\\n"]: /[a-z ]+/')
+    assert "cannot be rolled back" in check(grammar)  # refused at the door...
+    grammars, _ = state()
+    compiled = LLMatcher(grammars.vocabulary, grammar.llguidance(), log_level=0)
+
+    def new():  # ...but should a rollback fail anyway, the matcher starts again
+        return GrammarState(grammar, compiled, len(PROMPT), [2], TINY_VOCAB)
+
+    s = new()
+    text = ids("A: the quick brown")
+    s.sync(PROMPT + text)
+    assert not s.matcher.deep_copy().rollback(2)  # what llguidance does here
+    s.sync(PROMPT + text[:-2])
+    assert s.consumed == text[:-2] and not s.matcher.is_error()
+    fresh = new()
+    fresh.sync(PROMPT + text[:-2])
+    assert torch.equal(s.masks([], TINY_VOCAB), fresh.masks([], TINY_VOCAB))
+
+
+def test_a_grammar_is_compiled_once_per_digest_and_refused_with_its_reason():
+    grammars, _ = state()
+    a, b = Session(), Session()
+    assert grammars.state(a, REGEX, 3)._fresh is grammars.state(b, REGEX, 3)._fresh
+    with pytest.raises(InvalidArgument, match="unclosed group"):
+        grammars.state(Session(), Grammar.of("regex", "(x"), 3)
+    with pytest.raises(InvalidArgument, match="spec is empty"):
+        grammars.state(Session(), Grammar("regex", "", 5), 3, starting=True)

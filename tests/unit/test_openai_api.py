@@ -124,7 +124,7 @@ def test_completion_logprobs_and_echo_are_checked(change, param):
     ({"n": 30}, 400, "n"),
     ({"tools": [{}]}, 400, "tools"),
     ({"tool_choice": "auto"}, 400, "tool_choice"),
-    ({"response_format": {"type": "json_object"}}, 400, "response_format"),
+    ({"response_format": {"type": "xml"}}, 400, "response_format"),
     ({"temperature": "hot"}, 400, "temperature"),
     ({"temperature": True}, 400, "temperature"),
     ({"top_p": 1.5}, 400, "top_p"),

@@ -69,7 +69,7 @@ def test_roles_have_their_extras():
     assert set(ROLES) <= set(extras)
     base = {_name(r) for r in PYPROJECT["project"]["dependencies"]}
     assert {"grpcio", "grpcio-health-checking", "grpcio-reflection", "protobuf", "numpy",
-            "torch", "prometheus-client", "tqdm", "cryptography"} == base
+            "torch", "prometheus-client", "tqdm", "cryptography", "llguidance"} == base
     model = {"transformers", "tokenizers", "safetensors", "accelerate", "gguf", "openvino",
              "openvino-tokenizers", "nncf", "optimum"}
     assert model <= _extra("draft") and model <= _extra("target")
