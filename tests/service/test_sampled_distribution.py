@@ -51,6 +51,21 @@ def chi_square_p_value(counts: Counter, expected_probs: dict, n: int) -> float:
     return float(chisquare(observed, [e * scale for e in expected]).pvalue)
 
 
+def sample_outputs(loop, prompt, params: SamplingParams, trials: int, k: int, n: int = 2):
+    """The first n tokens of `trials` generations seeded 0, 1, ... (Counter), and the
+    drafts accepted and drafted over all of them."""
+    from dataclasses import replace
+
+    counts: Counter = Counter()
+    accepted = drafted = 0
+    for seed in range(trials):
+        result = loop.generate(prompt, n, replace(params, seed=seed), num_draft_tokens=k)
+        counts[tuple(result.token_ids)] += 1
+        accepted += result.stats.accepted_tokens
+        drafted += result.stats.drafted_tokens
+    return counts, accepted, drafted
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("params", "top_n", "k"),

@@ -5,7 +5,6 @@ penalised target distribution (chi-square); log-probabilities agree with the ref
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import replace
 
 import pytest
@@ -15,7 +14,7 @@ from coordinator.loop import SpeculativeLoop
 from coordinator.loop.policy import LoopPolicy
 from specdec.penalties import penalise
 from specdec.sampling import SamplingParams, process_logits
-from tests.service.test_sampled_distribution import chi_square_p_value
+from tests.service.test_sampled_distribution import chi_square_p_value, sample_outputs
 
 PROMPT = [31, 415, 92, 65, 31, 7]
 N = 40
@@ -116,14 +115,8 @@ def test_sampled_with_penalties_follows_the_penalised_target(draft_client, targe
                                         min_p=0.05, logit_bias=((31, 1.0),)), prompt)
     expected = _joint(target_server[1].model.backend, params, prompt)
     loop = SpeculativeLoop(draft_client, target_client, LoopPolicy(pipeline=False))
-    counts: Counter = Counter()
-    accepted = drafted = 0
     trials = 1500
-    for seed in range(trials):
-        result = loop.generate(prompt, 2, replace(params, seed=seed), num_draft_tokens=2)
-        counts[tuple(result.token_ids)] += 1
-        accepted += result.stats.accepted_tokens
-        drafted += result.stats.drafted_tokens
+    counts, accepted, drafted = sample_outputs(loop, prompt, params, trials, 2)
     assert 0 < accepted < drafted
     p_value = chi_square_p_value(counts, expected, trials)
     assert p_value > 1e-3, (p_value, counts.most_common(8))

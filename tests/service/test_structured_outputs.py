@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import re
-from collections import Counter
 from dataclasses import replace
 
 import jsonschema
@@ -18,7 +17,7 @@ from coordinator.loop.policy import LoopPolicy
 from specdec.grammar import Grammar, Grammars, mask
 from specdec.runtime.models import load_tokenizer
 from specdec.sampling import SamplingParams, process_logits
-from tests.service.test_sampled_distribution import chi_square_p_value
+from tests.service.test_sampled_distribution import chi_square_p_value, sample_outputs
 
 PROMPT = [31, 415, 92, 65, 31, 7]
 EOS = 2
@@ -109,14 +108,8 @@ def test_sampled_constrained_follows_the_constrained_target(draft_client, target
     params = constrained(grammar, temperature=1.0)
     expected = _constrained_joint(target_server[1].model.backend, grammar, params)
     loop = SpeculativeLoop(draft_client, target_client, LoopPolicy(pipeline=False))
-    counts: Counter = Counter()
-    accepted = drafted = 0
     trials = 1200
-    for seed in range(trials):
-        result = loop.generate(PROMPT, 2, replace(params, seed=seed), 2)
-        counts[tuple(result.token_ids)] += 1
-        accepted += result.stats.accepted_tokens
-        drafted += result.stats.drafted_tokens
+    counts, accepted, drafted = sample_outputs(loop, PROMPT, params, trials, 2)
     assert 0 < accepted < drafted
     assert set(counts) <= set(expected)  # never a token the grammar refuses
     p_value = chi_square_p_value(counts, expected, trials)
