@@ -42,8 +42,9 @@ def target_stub(target_channel):
 
 
 def evict_at(rounds: tuple[int, ...], *servers):
-    """An on_tokens callback that releases every idle session of these (address, engine)
-    servers after the given rounds (numbered from 1): a lost-session fault."""
+    """An on_tokens callback that releases every session of these (address, engine)
+    servers after the given rounds (numbered from 1): a lost-session fault. A session a
+    request holds then (a pipelined pre-draft's) goes when that request returns."""
     seen = 0
 
     def evict(_tokens, _kinds):
@@ -52,7 +53,9 @@ def evict_at(rounds: tuple[int, ...], *servers):
         if seen in rounds:
             for _, engine in servers:
                 store = engine.model.store
-                for session_id in list(store._idle):
+                with store._lock:
+                    held = list(store._idle) + list(store._out)
+                for session_id in held:
                     store.release(session_id)
 
     return evict
