@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from typing import Literal
 
 import grpc
@@ -36,9 +37,16 @@ def chat(client, model, **kw):
 
 
 def test_parse_returns_the_pydantic_object_as_target_only_would(client, model):
-    got = client.chat.completions.parse(model=model, messages=MESSAGES, max_tokens=80,
-                                        temperature=0, response_format=Weather,
-                                        extra_body={"num_draft_tokens": 4})
+    for _ in range(3):
+        got = client.chat.completions.parse(model=model, messages=MESSAGES, max_tokens=80,
+                                            temperature=0, response_format=Weather,
+                                            extra_body={"num_draft_tokens": 4})
+        if got.usage.model_extra["specdec"]["drafted_tokens"] > 0:
+            break
+        # the shared test coordinator's draft may be backing off for a second after a
+        # failure (a Propose past its deadline on a loaded machine): a grammar that broke
+        # the draft would fail every try
+        time.sleep(1.5)
     message = got.choices[0].message
     assert got.choices[0].finish_reason == "stop"
     assert isinstance(message.parsed, Weather)
