@@ -17,15 +17,21 @@ TRIALS = 1500
 
 
 def target_joint(backend, params: SamplingParams, n: int = 2,
-                 prompt: list[int] | None = None) -> dict[tuple[int, ...], float]:
-    """Exact P(t1..tn) = p(t1 | prompt) * p(t2 | prompt, t1) * ... from the target model."""
+                 prompt: list[int] | None = None,
+                 transform=None) -> dict[tuple[int, ...], float]:
+    """Exact P(t1..tn) = p(t1 | prompt) * p(t2 | prompt, t1) * ... from the target model;
+    `transform(logits [1, V], context)` first changes the logits (penalties, a grammar's
+    mask) as the target does."""
     prompt = PROMPT if prompt is None else prompt
     joint: dict[tuple[int, ...], float] = {(): 1.0}
     for _ in range(n):
         longer = {}
         for prefix, prob in joint.items():
-            p = process_logits(backend.forward(backend.new_cache(), prompt + list(prefix))[0],
-                               params)
+            context = prompt + list(prefix)
+            logits = backend.forward(backend.new_cache(), context)
+            if transform is not None:
+                logits = transform(logits, context)
+            p = process_logits(logits[0], params)
             for t in p.nonzero().flatten().tolist():
                 longer[prefix + (t,)] = prob * float(p[t])
         joint = longer

@@ -13,8 +13,12 @@ import torch
 from coordinator.loop import SpeculativeLoop
 from coordinator.loop.policy import LoopPolicy
 from specdec.penalties import penalise
-from specdec.sampling import SamplingParams, process_logits
-from tests.service.test_sampled_distribution import chi_square_p_value, sample_outputs
+from specdec.sampling import SamplingParams
+from tests.service.test_sampled_distribution import (
+    chi_square_p_value,
+    sample_outputs,
+    target_joint,
+)
 
 PROMPT = [31, 415, 92, 65, 31, 7]
 N = 40
@@ -91,21 +95,6 @@ def test_penalties_count_the_drafts_before_each_position(loop):
         assert result.token_ids == loop.generate(PROMPT, 24, params, 0).token_ids
 
 
-def _joint(backend, params: SamplingParams, prompt: list[int], n: int = 2) -> dict:
-    """The exact law of the first n tokens under the penalised target."""
-    joint: dict[tuple[int, ...], float] = {(): 1.0}
-    for _ in range(n):
-        longer = {}
-        for prefix, prob in joint.items():
-            context = prompt + list(prefix)
-            logits = backend.forward(backend.new_cache(), context)
-            p = process_logits(penalise(logits, params, context), params)[0]
-            for t in p.nonzero().flatten().tolist():
-                longer[prefix + (t,)] = prob * float(p[t])
-        joint = longer
-    return joint
-
-
 @pytest.mark.slow
 def test_sampled_with_penalties_follows_the_penalised_target(draft_client, target_client,
                                                              target_server):
@@ -113,7 +102,8 @@ def test_sampled_with_penalties_follows_the_penalised_target(draft_client, targe
     params = with_prompt(SamplingParams(temperature=1.0, top_k=6, presence_penalty=1.0,
                                         frequency_penalty=0.7, repetition_penalty=1.2,
                                         min_p=0.05, logit_bias=((31, 1.0),)), prompt)
-    expected = _joint(target_server[1].model.backend, params, prompt)
+    expected = target_joint(target_server[1].model.backend, params, prompt=prompt,
+                            transform=lambda logits, context: penalise(logits, params, context))
     loop = SpeculativeLoop(draft_client, target_client, LoopPolicy(pipeline=False))
     trials = 1500
     counts, accepted, drafted = sample_outputs(loop, prompt, params, trials, 2)

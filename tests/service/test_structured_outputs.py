@@ -16,8 +16,12 @@ from coordinator.loop import SpeculativeLoop
 from coordinator.loop.policy import LoopPolicy
 from specdec.grammar import Grammar, Grammars, mask
 from specdec.runtime.models import load_tokenizer
-from specdec.sampling import SamplingParams, process_logits
-from tests.service.test_sampled_distribution import chi_square_p_value, sample_outputs
+from specdec.sampling import SamplingParams
+from tests.service.test_sampled_distribution import (
+    chi_square_p_value,
+    sample_outputs,
+    target_joint,
+)
 
 PROMPT = [31, 415, 92, 65, 31, 7]
 EOS = 2
@@ -82,23 +86,16 @@ def test_sampled_constrained_outputs_always_match(loop):
     assert accepted > 0
 
 
-def _constrained_joint(backend, grammar: Grammar, params: SamplingParams, n: int = 2):
-    """The exact law of the first n tokens under the masked target."""
+def _constrained_joint(backend, grammar: Grammar, params: SamplingParams):
+    """The exact law of the first two tokens under the masked target."""
     grammars = Grammars(lambda: backend.loaded.tokenizer, backend.vocab_size)
-    joint: dict[tuple[int, ...], float] = {(): 1.0}
-    for _ in range(n):
-        longer = {}
-        for prefix, prob in joint.items():
-            context = PROMPT + list(prefix)
-            session = type("S", (), {"grammar": None, "session_id": "law"})()
-            state = grammars.state(session, grammar, len(PROMPT))
-            state.sync(context)
-            logits = backend.forward(backend.new_cache(), context)
-            p = process_logits(mask(logits, state.masks([], logits.shape[1])), params)[0]
-            for t in p.nonzero().flatten().tolist():
-                longer[prefix + (t,)] = prob * float(p[t])
-        joint = longer
-    return joint
+
+    def masked(logits, context):
+        state = grammars.new_state(grammar, len(PROMPT))
+        state.sync(context)
+        return mask(logits, state.masks([], logits.shape[1]))
+
+    return target_joint(backend, params, prompt=PROMPT, transform=masked)
 
 
 @pytest.mark.slow
