@@ -11,12 +11,22 @@ generator that is still executing (ValueError), and the generation would keep it
 and sessions until garbage collection. So the wait and the close both happen in a pool
 thread (`_close_when_done`), started before the first await: once started, they finish
 whatever happens to the task that asked for them.
+
+A close can fail: releasing sessions on a service that has just died raises. Nobody may
+be waiting for it then (the task was cancelled, and `asyncio.shield` keeps the inner
+future alone), and an exception left on that future is logged by asyncio as "Future
+exception was never retrieved" when it is collected. So the close logs its own failure
+as a warning and returns: the generation is over either way, and the service's session
+expiry frees what the release could not.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from concurrent import futures
+
+log = logging.getLogger(__name__)
 
 
 async def next_in_thread(iterator, pending: list, executor):
@@ -29,7 +39,11 @@ async def next_in_thread(iterator, pending: list, executor):
 def _close_when_done(iterator, step: futures.Future | None) -> None:
     if step is not None:
         futures.wait([step])  # a step cancelled before it started is done at once
-    iterator.close()
+    try:
+        iterator.close()
+    except Exception as exc:  # noqa: BLE001 - see the module's docstring
+        log.warning("closing a generation failed (%s: %s); its sessions expire on the "
+                    "services instead", type(exc).__name__, exc)
 
 
 async def close_after(iterator, pending: list, executor) -> None:

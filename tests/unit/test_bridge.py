@@ -4,6 +4,7 @@ closing it is cancelled again while it waits (as Ray Serve does)."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -73,3 +74,40 @@ def test_a_step_not_started_is_never_run():
     asyncio.run(main())
     assert not started.is_set()  # the cancelled step never ran
     assert next(gen, "closed") == "closed"  # and the generation is closed
+
+
+def _generation_whose_close_fails():
+    try:
+        while True:
+            yield 0
+    finally:
+        raise RuntimeError("release failed: the target is gone")
+
+
+def test_a_failing_close_is_logged_not_left_on_a_future(caplog):
+    """The soak's "Future exception was never retrieved": a close that raised, behind a
+    shield whose task had been cancelled, left its exception on a future nobody read."""
+    gen = _generation_whose_close_fails()
+    next(gen)
+    unhandled: list = []
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        loop.set_exception_handler(lambda _loop, ctx: unhandled.append(ctx))
+        with ThreadPoolExecutor(2) as executor:
+            blocker = executor.submit(time.sleep, 0.2)  # the step still in flight
+            task = loop.create_task(close_after(gen, [blocker], executor))
+            await asyncio.sleep(0.05)
+            task.cancel()  # Serve cancels the handler while the close waits
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+            await asyncio.sleep(0.4)  # the close has run in its thread by now
+        gc.collect()  # an unretrieved exception is reported when its future is collected
+        await asyncio.sleep(0)
+
+    with caplog.at_level("WARNING", logger="coordinator.api.bridge"):
+        asyncio.run(main())
+    assert unhandled == []
+    assert any("release failed" in r.getMessage() for r in caplog.records)
