@@ -81,31 +81,54 @@ def contrastive_round(gen, k: int, remaining: int, params: ContrastiveParams) ->
 
 def _round(gen, k: int, remaining: int, params: ContrastiveParams, round_seed: int,
            u: list[float], proposal, waited: float) -> RoundResult:
-    sampling, policy = gen.sampling, gen.policy
-    propose_s, proposed, draft_step_s = None, 0, 0.0
-    if k > 0 and proposal is None:
-        t0 = time.perf_counter()
-        # The amateur proposes from its own plausible set: the expert's acceptance is zero
-        # outside its V_head, and the two sets mostly agree (lossless whatever q is).
-        proposal = gen.draft.propose(gen.committed, sampling, ProposeOptions(
-            num_tokens=k, top_n=policy.top_n, keep_logits=True, min_p=params.alpha))
-        if proposal is None:
-            raise AmateurUnavailable("contrastive decoding needs the draft service (the "
-                                     "amateur), which is failing; retry later")
-        propose_s, proposed = time.perf_counter() - t0, len(proposal.tokens)
-    if proposal is not None:
-        draft_step_s = proposal.step_seconds
+    """Propose -> verify -> decide -> observe."""
+    proposal, propose_s = _propose(gen, k, params, proposal)
     drafts = proposal.tokens[:k] if proposal is not None else []
     dists = proposal.dists[:len(drafts)] if proposal is not None else []
     seq = gen.committed.extended(drafts)
     # The draft's forward (the last committed token, or x_K) runs while the target's does:
     # as a pre-draft's first step when the next round could use its drafts, else alone.
-    pipelined = gen.predrafts is not None and drafts and \
+    pipelined = gen.predrafts is not None and bool(drafts) and \
         len(drafts) < gen.loop.max_propose and len(drafts) + 2 < remaining
     # Sampled rounds with drafts draw the bonus by Gumbel-max with this seed's noise; the
     # pre-draft draws its guess at it with the same noise (specdec.coupling).
-    bonus_seed = derive_seed(sampling.seed, "bonus", gen.round_index) \
-        if drafts and not sampling.greedy else None
+    bonus_seed = derive_seed(gen.sampling.seed, "bonus", gen.round_index) \
+        if drafts and not gen.sampling.greedy else None
+    t0 = time.perf_counter()
+    expert, amateur, guess = _verify(gen, drafts, seq, params, round_seed, pipelined,
+                                     bonus_seed)
+    verify_s = time.perf_counter() - t0  # the round's cost beyond drafting (adaptive K)
+    decision = _decide(gen, expert, amateur, drafts, dists, proposal, params, u, round_seed,
+                       bonus_seed)
+    if pipelined:  # a rejection, or a bonus other than the guess, calls the pre-draft off
+        gen.predrafts.expect(gen.committed.tokens + decision.tokens,
+                             [guess] if guess is not None else [])
+    return RoundResult(decision, len(drafts), verify_s, propose_s,
+                       len(proposal.tokens) if propose_s is not None else 0, False,
+                       (expert.pass_sessions, expert.pass_tokens, expert.pass_seconds),
+                       proposal.step_seconds if proposal is not None else 0.0, waited)
+
+
+def _propose(gen, k: int, params: ContrastiveParams, proposal):
+    """The round's drafts: the pre-draft's, else a fresh Propose (k > 0); (proposal,
+    its seconds or None when it was pre-drafted or not needed)."""
+    if k <= 0 or proposal is not None:
+        return proposal, None
+    t0 = time.perf_counter()
+    # The amateur proposes from its own plausible set: the expert's acceptance is zero
+    # outside its V_head, and the two sets mostly agree (lossless whatever q is).
+    proposal = gen.draft.propose(gen.committed, gen.sampling, ProposeOptions(
+        num_tokens=k, top_n=gen.policy.top_n, keep_logits=True, min_p=params.alpha))
+    if proposal is None:
+        raise AmateurUnavailable("contrastive decoding needs the draft service (the "
+                                 "amateur), which is failing; retry later")
+    return proposal, time.perf_counter() - t0
+
+
+def _verify(gen, drafts: list[int], seq, params: ContrastiveParams, round_seed: int,
+            pipelined: bool, bonus_seed: int | None):
+    """The expert's V_head at every position and the amateur's values on them; (expert,
+    amateur, the pre-draft's guess at the bonus or None)."""
     feed = None
     if pipelined:
         gen.predrafts.start(gen.committed, seq.tokens, ProposeOptions(
@@ -113,9 +136,9 @@ def _round(gen, k: int, remaining: int, params: ContrastiveParams, round_seed: i
             guess_seed=bonus_seed), lead=1, guess=False)
     else:
         feed = gen.loop.amateur_pool.submit(gen.draft.score, seq, [], params, 1)
-    t0 = time.perf_counter()
     try:
-        expert = gen.target.verify(gen.committed, drafts, [], sampling, round_seed, params)
+        expert = gen.target.verify(gen.committed, drafts, [], gen.sampling, round_seed,
+                                   params)
     except BaseException:
         if feed is not None:
             feed.exception()  # let the draft's call end; the target's error is the one to see
@@ -131,29 +154,29 @@ def _round(gen, k: int, remaining: int, params: ContrastiveParams, round_seed: i
             amateur, guess = read
     if amateur is None:
         amateur = gen.draft.score(seq, expert.heads, params)
-    verify_s = time.perf_counter() - t0  # the round's cost beyond drafting (adaptive K)
     gen.record.heads([len(h.token_ids) for h in expert.heads])
+    return expert, amateur, guess
+
+
+def _decide(gen, expert, amateur, drafts: list[int], dists: list, proposal,
+            params: ContrastiveParams, u: list[float], round_seed: int,
+            bonus_seed: int | None) -> Decision:
+    """Accept / resample against the contrastive p (specdec.verify), lossless."""
     ids = [int(h.token_ids.max()) for h in expert.heads] + drafts
     qs = None
     if dists:
         qs = [wire.dist_from_proto(d, f"dists[{i}]") for i, d in enumerate(dists)]
         ids += [int(q.token_ids.max()) for q in qs]
-    p = contrastive_p(expert.heads, amateur, params, sampling.temperature, 1 + max(ids))
+    p = contrastive_p(expert.heads, amateur, params, gen.sampling.temperature, 1 + max(ids))
     result = target_round(p, drafts, qs, generator(round_seed, "verify"))
     if not drafts:
-        decision = Decision([result.bonus_token], [TokenKind.TARGET], 0)
-    else:
-        q = [proposal.draft_prob(i) for i in range(len(drafts))]
-        decision = decide(drafts, q, result, u[:len(drafts)])
-        if bonus_seed is not None and decision.num_accepted == len(drafts):
-            # All accepted: the bonus is a fresh draw from p_cd at position K+1, here by
-            # Gumbel-max (exact; only the noise differs from target_round's draw).
-            head_ids = expert.heads[len(drafts)].token_ids
-            j = coupling.draw(head_ids, p[len(drafts), head_ids], bonus_seed)
-            decision.tokens[-1] = int(head_ids[j])
-    if pipelined:  # a rejection, or a bonus other than the guess, calls the pre-draft off
-        gen.predrafts.expect(gen.committed.tokens + decision.tokens,
-                             [guess] if guess is not None else [])
-    return RoundResult(decision, len(drafts), verify_s, propose_s, proposed, False,
-                       (expert.pass_sessions, expert.pass_tokens, expert.pass_seconds),
-                       draft_step_s, waited)
+        return Decision([result.bonus_token], [TokenKind.TARGET], 0)
+    q = [proposal.draft_prob(i) for i in range(len(drafts))]
+    decision = decide(drafts, q, result, u[:len(drafts)])
+    if bonus_seed is not None and decision.num_accepted == len(drafts):
+        # All accepted: the bonus is a fresh draw from p_cd at position K+1, here by
+        # Gumbel-max (exact; only the noise differs from target_round's draw).
+        head_ids = expert.heads[len(drafts)].token_ids
+        j = coupling.draw(head_ids, p[len(drafts), head_ids], bonus_seed)
+        decision.tokens[-1] = int(head_ids[j])
+    return decision
