@@ -51,9 +51,28 @@ class LoopStats:
     guess_rounds: int = 0
     guess_rejections: int = 0
     guess_bonus_misses: int = 0
+    # The drafting decision: the K chosen for each round (coordinator.loop.plan; the
+    # request's when it set K), summed, and why it was 0 when it was: reason class ->
+    # [rounds, the latest wording].
+    planned_rounds: int = 0
+    planned_k_sum: int = 0
+    k_reasons: dict = field(default_factory=dict)
     # The replicas the generation was pinned to, in order (a re-pin adds one).
     draft_replicas: list[str] = field(default_factory=list)
     target_replicas: list[str] = field(default_factory=list)
+
+    @property
+    def mean_k(self) -> float:
+        """The K chosen per round, on average (rounds after a missed pre-draft verify
+        fewer drafts: k_per_round has what each round verified)."""
+        return self.planned_k_sum / self.planned_rounds if self.planned_rounds else 0.0
+
+    @property
+    def k_reason(self) -> str:
+        """Why K was 0 in the rounds where it was, most frequent first ("" if never)."""
+        parts = sorted(self.k_reasons.values(), key=lambda x: -x[0])
+        return "; ".join(f"K=0 in {n} of {self.planned_rounds} rounds: {text}"
+                         for n, text in parts)
 
     @property
     def mean_head_size(self) -> float:
@@ -126,6 +145,18 @@ class Recorder:
                 s.prediction_accepted_tokens += accepted
             self.metrics.drafted(result.k, accepted)
             self.metrics.drafter(result.source, result.k, accepted)
+
+    def planned(self, k: int, reason: str) -> None:
+        """A round's K as chosen, and why it is 0 when it is (the reason's class is its
+        wording up to the first figure)."""
+        s = self.stats
+        s.planned_rounds += 1
+        s.planned_k_sum += k
+        if k == 0 and reason:
+            cls = next((reason[:i] for i, ch in enumerate(reason) if ch.isdigit()), reason)
+            entry = s.k_reasons.setdefault(cls, [0, reason])
+            entry[0] += 1
+            entry[1] = reason
 
     def committed(self, tokens: int) -> None:
         self.metrics.generated(tokens)

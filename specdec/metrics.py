@@ -290,6 +290,7 @@ class LoopMetrics:
     def predraft(self, used: bool) -> None: ...
     def confidence_exit(self) -> None: ...
     def heads(self, sizes: list[int]) -> None: ...
+    def costs(self, terms: dict[str, float]) -> None: ...
 
     def close(self) -> None:
         pass
@@ -362,6 +363,14 @@ class PrometheusLoopMetrics(_Exporter, LoopMetrics):
         for rpc in ("propose", "verify"):  # exported at 0 from the start
             self.rpc_seconds.labels(rpc)
             self.resyncs.labels(rpc)
+        self.cost_terms = Gauge(
+            "specdec_coordinator_planner_cost_seconds",
+            "The drafting decision's fitted step costs (coordinator.loop.costs), by term: "
+            "verify_base, verify_per_token, verify_per_prefill_token, verify_draft_busy "
+            "(what the draft computing beside a Verify adds to it), draft_pass_base, "
+            "draft_pass_per_session, draft_first_base, draft_first_per_token, "
+            "overhead_base, overhead_per_generation, overhead_per_drafting.",
+            ["term"], registry=r)
 
     def generation_started(self) -> None:
         self.active.inc()
@@ -408,3 +417,7 @@ class PrometheusLoopMetrics(_Exporter, LoopMetrics):
     def heads(self, sizes: list[int]) -> None:
         for n in sizes:
             self.head_size.observe(n)
+
+    def costs(self, terms: dict[str, float]) -> None:
+        for term, seconds in terms.items():
+            self.cost_terms.labels(term).set(seconds)

@@ -175,14 +175,15 @@ def parser() -> argparse.ArgumentParser:
                         "unchanged, sampled output then depends on timing "
                         "(default: %(default)s)")
     p.add_argument("--load-aware-k", action=on_off, default=P.load_aware_k,
-                   help="when a request leaves K to the server, choose K every step from "
-                        "both services' measured pass costs and each generation's "
-                        "acceptance (goodput, coordinator.loop.plan), down to 0 "
-                        "(target-only) for generations whose drafts do not pay, and let "
-                        "the governor keep drafting only where it measurably earns more "
-                        "tokens per second than target-only (coordinator.loop.governor); "
-                        "greedy output is unchanged, sampled output stays exact in "
-                        "distribution but depends on timing (default: %(default)s)")
+                   help="when a request leaves K to the server, choose each generation's "
+                        "K every step from both services' measured costs (the target's "
+                        "pass by width, the draft's passes, what drafting adds to the "
+                        "target's pass and the coordinator's time) and the generation's "
+                        "own acceptance, started from its kind's (goodput, "
+                        "coordinator.loop.plan), down to 0 (target-only) where its drafts "
+                        "do not pay; greedy output is unchanged, sampled output stays "
+                        "exact in distribution but depends on timing; off: every "
+                        "generation drafts --k (default: %(default)s)")
     p.add_argument("--confidence-exit", action=on_off, default=P.confidence_exit,
                    help="the draft stops a round early once its probability of its own token "
                         "falls below a threshold that adapts to the generation's acceptance "

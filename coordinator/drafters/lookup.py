@@ -43,6 +43,9 @@ class LookupDrafter:
         self.prediction = prediction  # the client's predicted output (Predicted Outputs)
         self.max_tokens = max(settings.max_tokens,
                               prediction.max_tokens if prediction is not None else 0)
+        # The planner's word on the target (coordinator.loop.plan.Planner.target_loaded):
+        # a verified draft costs it more than the look-up's cost model assumes.
+        self.target_loaded = False
 
     def find(self, context: Sequence[int], k: int) -> Lookup:
         """The look-up's best proposal of at most k drafts after `context` (NO_LOOKUP
@@ -77,8 +80,10 @@ class LookupDrafter:
     def cap(self, k: int) -> int:
         """The look-up's cap when the round's K is k: its own maximum (it may draft more
         than K: its drafts cost the draft service nothing) unless the planner lowered K
-        below the generation's, which says the target is loaded: then k."""
-        return self.max_tokens if k >= self.request_k else k
+        below the generation's while the target is loaded (a verified draft costs it more
+        than the look-up's cost model assumes): then k. A K lowered because the draft
+        service is the bottleneck says nothing against the look-up."""
+        return k if self.target_loaded and k < self.request_k else self.max_tokens
 
     def drafts(self, found: Lookup) -> Drafts:
         tokens = list(found.tokens)

@@ -30,7 +30,6 @@ import time
 
 from coordinator.loop import calls
 from coordinator.loop.generation import Generation
-from coordinator.loop.governor import Governor
 from coordinator.loop.plan import Planner
 from coordinator.loop.round import Round
 
@@ -41,13 +40,16 @@ IDLE_WAIT_S = 1.0
 # before its generations give up on it for this step.
 DRAFT_WAIT_FACTOR = 4.0
 MIN_DRAFT_WAIT_S = 1.0
+METRICS_EVERY = 16  # steps between updates of the fitted costs' gauges
+SUMMARY_S = 10.0  # seconds between the steps' summaries in the log (INFO)
 
 
 class Engine:
     def __init__(self, planner: Planner, pipelined: bool = True, name: str = "lockstep",
-                 governor: Governor | None = None):
+                 metrics=None):
         self.planner, self.pipelined = planner, pipelined
-        self.governor = governor if governor is not None else Governor(planner.adaptive)
+        self.metrics = metrics  # () -> specdec.metrics.LoopMetrics (the fitted costs)
+        self._summary = Summary()
         self._joining: list[Generation] = []
         self._live: list[Generation] = []
         self._cond = threading.Condition()
@@ -111,11 +113,13 @@ class Engine:
     def step(self, gens: list[Generation]) -> None:
         """One round of every generation: propose, verify, decide, observe."""
         started = time.perf_counter()
-        drafting = self.governor.drafting(len(gens))
-        candidates = [g.candidate(drafting) for g in gens]
-        ks = self.planner.plan(candidates)
+        candidates = [g.candidate() for g in gens]
+        ks = self.planner.plan(candidates, [g.session_id for g in gens])
+        for g, reason in zip(gens, self.planner.reasons, strict=True):
+            g.reason = reason
         fetch_s = self._fetch(gens, candidates, ks)  # drafts the Verify must wait for
-        rounds = [g.start(k, self.pipelined) for g, k in zip(gens, ks, strict=True)]
+        loaded = self.planner.target_loaded
+        rounds = [g.start(k, self.pipelined, loaded) for g, k in zip(gens, ks, strict=True)]
         sent = calls.send_predrafts([r for r in rounds if r.predraft is not None])
         verify_s = calls.verify(rounds)
         for r in rounds:
@@ -125,21 +129,25 @@ class Engine:
         for r in rounds:
             r.seconds = wall
             self._settle(r, r.gen.observe)
-        self._measure(rounds, wall, verify_s, draft_s, fetch_s)
-        if not any(g.prediction for g in gens):  # a prediction's long runs (in either
-            # arm) say nothing of what the draft model earns: such steps are not counted
-            self.governor.observe(len(gens), sum(len(r.output.tokens) for r in rounds
-                                                 if r.output is not None), wall)
+        self._measure(rounds, wall, verify_s, draft_s, fetch_s, busy=bool(sent))
         if log.isEnabledFor(logging.DEBUG):
             log.debug("step %d: %d gens, a %s, K %s, drafts %s, wall %.1f ms, verify %.1f "
-                      "ms, draft %.1f ms, arm %s, costs %s; %s", self.steps, len(gens),
+                      "ms, draft %.1f ms, fetch %.1f ms%s, costs %s", self.steps, len(gens),
                       [round(c.acceptance, 2) for c in candidates], ks,
                       [len(r.drafts) for r in rounds], wall * 1e3, verify_s * 1e3,
-                      draft_s * 1e3, self.governor.arm, self.planner.describe(),
-                      self.governor.describe())
+                      draft_s * 1e3, fetch_s * 1e3, " (probe)" if self.planner.probe else "",
+                      self.planner.describe())
         for r in rounds:
             self._publish(r)
         self.steps += 1
+        if self.metrics is not None and self.steps % METRICS_EVERY == 0:
+            self.metrics().costs(self.planner.costs.describe())
+        committed = sum(len(r.output.tokens) for r in rounds if r.output is not None)
+        if not any(r.partial for r in rounds):  # a prefill chunk's step is no round's
+            self.planner.observe(committed, wall)
+        self._summary.add(len(gens), ks, committed, wall, self.planner.predicted[0])
+        if self._summary.due():
+            log.info("%s; costs: %s", self._summary.take(), self.planner.describe())
 
     def _fetch(self, gens: list[Generation], candidates: list, ks: list[int]) -> float:
         """Draft what this step's Verify must wait for: every round's drafts when
@@ -188,19 +196,20 @@ class Engine:
             gen.outputs.put(r.output)
 
     def _measure(self, rounds: list[Round], wall: float, verify_s: float,
-                 draft_s: float, fetch_s: float) -> None:
+                 draft_s: float, fetch_s: float, busy: bool) -> None:
         """Teach the planner what this step's calls cost (one replica of each service:
-        the calls' wall times against what they carried)."""
+        the calls' wall times against what they carried; `busy`: the draft computed
+        beside the Verify)."""
         costs = self.planner.costs
         verified = [r for r in rounds if r.verdict is not None]
         tokens = sum(min(len(r.request.new_tokens), len(r.drafts) + 1) for r in verified)
         prefill = sum(len(r.request.new_tokens) for r in verified) - tokens
         if verified and verify_s > 0:
-            costs.target.add((1.0, tokens, prefill), verify_s)
+            costs.verified(tokens, prefill, busy, verify_s)
         asked = [r for r in rounds if r.predraft is not None]
         if asked and draft_s > 0:
             measure_drafting(costs, [(r.predraft.request, r.reply) for r in asked], draft_s)
-        costs.step(wall, fetch_s + max(verify_s, draft_s))
+        costs.step(len(rounds), len(asked), wall, fetch_s + max(verify_s, draft_s))
 
     def _end(self, gen: Generation, error: BaseException | None = None, final=None) -> None:
         """Let `gen` go: the engine no longer touches it, and its consumer gets the last
@@ -215,6 +224,40 @@ class Engine:
         elif final is not None:
             gen.outputs.put(final)
         gen.closed.set()
+
+
+class Summary:
+    """What the steps did since the last log line (every SUMMARY_S while busy): steps,
+    generations, K, tokens per second, and the step time the planner predicted against
+    the one measured."""
+
+    def __init__(self):
+        self.started = time.monotonic()
+        self.steps = self.gens = self.k = self.drafting = self.tokens = 0
+        self.wall = self.predicted = 0.0
+
+    def add(self, gens: int, ks: list[int], tokens: int, wall: float,
+            predicted: float) -> None:
+        self.steps += 1
+        self.gens += gens
+        self.k += sum(ks)
+        self.drafting += sum(1 for k in ks if k)
+        self.tokens += tokens
+        self.wall += wall
+        self.predicted += predicted
+
+    def due(self) -> bool:
+        return time.monotonic() - self.started >= SUMMARY_S and self.steps > 0
+
+    def take(self) -> str:
+        n = max(1, self.steps)
+        text = (f"{self.steps} steps of {self.gens / n:.1f} generations, "
+                f"{self.drafting / max(1, self.gens):.0%} drafting, mean K "
+                f"{self.k / max(1, self.gens):.2f}, {self.tokens / max(self.wall, 1e-9):.1f} "
+                f"tok/s, step {self.wall / n * 1e3:.0f} ms (predicted "
+                f"{self.predicted / n * 1e3:.0f} ms)")
+        self.__init__()
+        return text
 
 
 def measure_drafting(costs, answers: list, seconds: float) -> None:

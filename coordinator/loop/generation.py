@@ -19,7 +19,8 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from coordinator.drafters.base import MODEL, NO_DRAFTS, Outcome
-from coordinator.loop.plan import Acceptance, Candidate
+from coordinator.loop.acceptance import Acceptance, Priors, kind_of
+from coordinator.loop.plan import Candidate
 from coordinator.loop.round import Round, RoundOutput, trim
 from coordinator.record import LoopStats, Recorder, RoundResult
 from coordinator.remote.clients import WireBytes
@@ -46,8 +47,9 @@ class Shared:
     make_drafter: object  # (Generation) -> Drafter | None
     draft_backoff_s: float = 1.0
     k_max: int = 0
-    # Every generation's model drafts: the prior of a new generation's acceptance.
-    acceptance: Acceptance = field(default_factory=lambda: Acceptance(keep=0.99))
+    # Every generation's model drafts, per kind of request: the prior of a new
+    # generation's acceptance (coordinator.loop.acceptance).
+    priors: Priors = field(default_factory=Priors)
 
 
 class Generation:
@@ -88,8 +90,11 @@ class Generation:
         self.draft = DraftLink(shared.draft, self.pins, self.session_id, self.record,
                                self.meter, shared.draft_backoff_s) \
             if shared.draft is not None and speculative and k > 0 else None
+        self.lookup = None  # the drafter's look-up, if it has one (set by make_drafter)
         self.drafter = shared.make_drafter(self) if speculative and k > 0 else None
-        self.acceptance = Acceptance(prior=shared.acceptance.rate)
+        self.prior = shared.priors.of(MODEL, kind_of(self.sampling))
+        self.acceptance = Acceptance(prior=self.prior.rate)
+        self.reason = ""  # why this step's K is 0 (the planner's, or the generation's)
         self.outputs: queue.SimpleQueue = queue.SimpleQueue()
         self.cancelled = threading.Event()  # the consumer went away
         self.closed = threading.Event()  # the engine let it go (sessions released)
@@ -102,27 +107,40 @@ class Generation:
     def remaining(self) -> int:
         return self.max_new_tokens - self.generated
 
-    def candidate(self, drafting: bool = True) -> Candidate:
-        """How the planner sees this generation; `drafting` False (the governor's plain
-        arm): a generation whose K is the server's drafts nothing this step."""
+    def candidate(self) -> Candidate:
+        """How the planner sees this generation."""
         model = self.draft is not None and self.draft.ready()
         fed = len(self.committed) - self.draft.view.plan(self.committed)[0] if model else 0
         target_new = len(self.committed) - self.target.view.plan(self.committed)[0]
-        # A client's prediction drafts whatever the arm and the load: its drafts cost the
-        # draft service nothing, and K only caps them (as a look-up's).
+        # A client's prediction drafts whatever the load: its drafts cost the draft
+        # service nothing, and K only caps them (as a look-up's).
         predicted = bool(self.prediction)
-        may_draft = self.drafter is not None and (drafting or self.fixed_k or predicted)
-        return Candidate(self.acceptance.rate,
-                         max(0, min(self.k, self.remaining - 1)) if may_draft else 0,
-                         model and not predicted, self.fixed_k, fed, self.remaining,
-                         min(target_new, PREFILL_CHUNK) - 1,
+        cap = max(0, min(self.k, self.remaining - 1)) if self.drafter is not None else 0
+        return Candidate(self.acceptance.rate, cap, model and not predicted, self.fixed_k,
+                         fed, self.remaining, min(target_new, PREFILL_CHUNK) - 1,
                          self.drafter is not None and self.drafter.has_drafts,
-                         model and not self.draft.view.tokens, self.sampling.greedy)
+                         model and not self.draft.view.tokens, self.sampling.greedy,
+                         self._why_not(cap))
+
+    def _why_not(self, cap: int) -> str:
+        """Why this generation cannot draft this step ("" when it can)."""
+        if cap > 0:
+            return ""
+        if self.drafter is None:
+            return "the request asked for target-only decoding (num_draft_tokens 0)" \
+                if self.k == 0 else "no drafter (no draft service, no look-up)"
+        if self.remaining <= 1:
+            return "one token left: nothing to draft for"
+        return "no drafts asked for"
 
     # -- a round -----------------------------------------------------------------------
 
-    def start(self, k: int, pipelined: bool) -> Round:
-        """Propose: the drafts at hand (at most k), and the request for the next round's."""
+    def start(self, k: int, pipelined: bool, target_loaded: bool = False) -> Round:
+        """Propose: the drafts at hand (at most k), and the request for the next round's.
+        `target_loaded`: the planner's word that a verified draft is dear (it caps the
+        look-up at k)."""
+        if self.lookup is not None:
+            self.lookup.target_loaded = target_loaded
         self.round_index += 1
         self.target.leave_if_gone()
         keep, _, new = self.target.view.plan(self.committed)
@@ -133,6 +151,7 @@ class Generation:
             r.plan_request()
             self.round_index -= 1  # not a round of the generation
             return r
+        self.record.planned(k, self.reason)
         drafts = self.drafter.propose(self.committed.tokens, k) \
             if self.drafter is not None else NO_DRAFTS
         drafts = trim(drafts, self.remaining - 1)
@@ -257,7 +276,7 @@ class Generation:
         accepted = r.decision.num_accepted
         if r.drafts.source == MODEL and r.drafts:
             self.acceptance.observe(accepted, len(r.drafts))
-            self.shared.acceptance.observe(accepted, len(r.drafts))
+            self.prior.observe(accepted, len(r.drafts))
         self.drafter.observe(Outcome(self.committed.tokens, r.drafts, accepted, r.reply))
 
     def bonus_seed(self, index: int) -> int | None:

@@ -1,116 +1,58 @@
-"""K per step from goodput over both services.
+"""K per generation, every step, from a model of what a step costs and what each
+generation's drafts are worth.
 
 A lockstep step sends every generation's pre-draft to the draft service and every
-Verify to the target at once; it lasts as long as the slower of the two, plus what the
-coordinator itself spends between steps:
+Verify to the target at once; it lasts (coordinator.loop.costs)
 
-    T(K) = max(D, V) + o,    D = (K + 1) * d(n),    V = t(total tokens verified)
+    T = max(V, D) + o
 
-d(n) is the draft's pass time with n sessions in it (each pre-draft is K + 1 tokens, one
-pass each), t(x) the target's pass time for x tokens, both least-squares lines over
-recent passes as the services report them (ProposeResponse.step_seconds,
-VerifyResponse.pass_*), and o an average of the measured rest. A generation drafting K
-with per-token acceptance a yields (1 - a^(K+1)) / (1 - a) tokens in a round whose
-drafts a pre-draft holds; a pre-draft holds when its assumption did (all K accepted and
-the guess right, a^(K+1); after a miss, the lead guess, a), so in the long run a
-fraction pi = a / (1 - a^(K+1) + a) of its rounds have drafts and the others yield one
-token. The K in [0, K_max], and the generations that draft at all (those with the best
-acceptance first), that give the most expected tokens per second win: the goodput that
-TurboSpec (Liu et al. 2024) controls, with the draft's cost in it as SpecEdge (2025) and
-WISP (2026) model a remote draft's. K falls when the draft is the bottleneck (d grows
-with n) and when the target is (t grows with the tokens); K = 0 for a generation whose
-drafts do not pay, and for everyone when none do.
+with V the target's pass over every round's tokens (and whether the draft computes
+beside it), D the draft's passes (each pre-draft is K_i + 1 tokens: a first pass for
+everyone, then one pass per further position over the sessions still drafting), and o
+the coordinator's own time. A generation drafting K with per-token acceptance a yields
+R = (1 - a^(K+1)) / (1 - a) tokens in a round whose drafts a pre-draft holds; a
+pre-draft holds when its assumption did (all K accepted and the guess right, a^(K+1);
+after a miss, the lead guess, a), so in the long run a fraction
+pi = a / (1 - a^(K+1) + a) of its rounds have drafts, the others one token.
 
-Until both services' costs are measured, every generation drafts the default K. Whether
-drafting pays at all is checked against measured throughput by the governor
-(coordinator.loop.governor), whose draft windows also keep acceptance measured.
+Each generation's K (0 = target-only) maximises the step's expected tokens per second,
+one generation at a time given the others' (coordinate ascent from the last step's
+choice): TurboSpec's goodput (Liu et al. 2024) with the draft's cost in it, as SpecEdge
+(2025) and WISP (2026) model a remote draft's, decided per generation. K falls when the
+draft is the bottleneck and when the target is; a generation whose drafts do not pay
+drafts none, and says why (`reasons`): its acceptance against the break-even acceptance
+at which one draft would pay.
+
+`a` is the generation's own (coordinator.loop.acceptance), learnt from its rounds and
+started from its kind's prior. What the services' timings cannot show (the draft taking
+the target's CPU or memory bandwidth on a shared host) is the costs' `busy` term. To
+learn it both ways on the same generations, when it has not been seen and drafting wins
+by less than PROBE_MARGIN, every PROBE_EVERY-th step is a probe: the generations whose
+K is the server's run it target-only. A request that set K drafts its K whatever the
+model says.
 """
 
 from __future__ import annotations
 
-from collections import deque
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass
 
-import numpy as np
+from coordinator.drafters.costs import LookupSettings
+from coordinator.loop.costs import Costs
 
-from coordinator.drafters.adaptive import ema
-
-SAMPLES = 128  # recent passes each line is fitted over
-MIN_SAMPLES = 8  # passes seen before a line is trusted
 AMORTISE_STEPS = 4.0  # a cold draft session's catch-up, as steps of drafting it pays for
-PRIOR_ACCEPTANCE = 0.7
-
-
-class Fit:
-    """seconds = sum(c_i * feature_i), least squares over recent samples (ridge-damped,
-    so that features that have not varied yet, e.g. one session only, stay near 0)."""
-
-    def __init__(self, features: int, ridge: float = 1e-3):
-        self.samples: deque = deque(maxlen=SAMPLES)
-        self.features, self.ridge = features, ridge
-        self._coef = None
-
-    def add(self, x: tuple[float, ...], seconds: float) -> None:
-        if seconds > 0:
-            self.samples.append((x, seconds))
-            self._coef = None
-
-    @property
-    def ready(self) -> bool:
-        return len(self.samples) >= MIN_SAMPLES
-
-    def coef(self) -> list[float]:
-        if self._coef is None:
-            x = np.array([s[0] for s in self.samples], dtype=np.float64)
-            y = np.array([s[1] for s in self.samples], dtype=np.float64)
-            a = x.T @ x + self.ridge * np.eye(self.features) * max(1.0, len(y))
-            a[0, 0] -= self.ridge * max(1.0, len(y))  # the constant is not damped
-            self._coef = [float(c) for c in np.linalg.lstsq(a, x.T @ y, rcond=None)[0]]
-        return self._coef
-
-    def __call__(self, *x: float) -> float:
-        return max(0.0, sum(c * v for c, v in zip(self.coef(), x, strict=True)))
-
-
-@dataclass
-class Costs:
-    """What a step costs, measured: a VerifyBatch by the tokens it verifies (its wall
-    time), those of rounds (one per session and its drafts) apart from the rest a
-    prefill feeds (a prompt's tokens cost far less each than a token per session: fitted
-    together, prefills flatten the slope and drafts look free); a draft pass by the
-    sessions in it (as the draft reports its passes); the rest of a ProposeBatch (its
-    first pass, which feeds each session's catch-up, and the call) by the tokens that
-    first pass feeds; and the coordinator's own time between the calls."""
-
-    target: Fit = field(default_factory=lambda: Fit(3))  # 1, round tokens, prefill tokens
-    draft_pass: Fit = field(default_factory=lambda: Fit(2))  # 1, sessions
-    draft_first: Fit = field(default_factory=lambda: Fit(2))  # 1, tokens fed first
-    overhead_s: float | None = None
-
-    @property
-    def ready(self) -> bool:
-        return self.target.ready and self.draft_pass.ready and self.draft_first.ready \
-            and self.overhead_s is not None
-
-    def verify_s(self, tokens: float, prefill: float = 0.0) -> float:
-        """A VerifyBatch of `tokens` in rounds (1 + drafts each) and `prefill` more."""
-        return self.target(1.0, tokens, prefill)
-
-    def draft_s(self, passes: int, sessions: int, first_tokens: float) -> float:
-        """A ProposeBatch of `passes` passes over `sessions` sessions whose first pass
-        feeds `first_tokens` in all."""
-        return self.draft_first(1.0, first_tokens) + \
-            (passes - 1) * self.draft_pass(1.0, sessions)
-
-    def drafted(self, passes: int, sessions: int, first_tokens: int, wall_s: float,
-                pass_s: float) -> None:
-        """A ProposeBatch took `wall_s`; its passes after the first took `pass_s` each."""
-        if passes > 1 and pass_s > 0:
-            self.draft_pass.add((1.0, sessions), pass_s)
-        self.draft_first.add((1.0, first_tokens), wall_s - (passes - 1) * pass_s)
-
-    def step(self, wall_s: float, services_s: float) -> None:
-        self.overhead_s = ema(self.overhead_s, max(0.0, wall_s - services_s), 0.9)
+PROBE_EVERY = 16  # steps between probes of the draft's cost to the target, at most
+PROBE_MARGIN = 0.25  # ... only while drafting is predicted to win by less than this
+SWEEPS = 2  # coordinate-ascent passes over the generations
+# Among K whose predicted goodput is within this of the best (as a share of a
+# generation's part of the step), the largest: what the model
+# leaves out favours longer rounds (every round is a chunk that the API's proxy and the
+# replica's threads stream, on the same cores; text whose acceptance runs in streaks
+# holds long pre-drafts more often than independent draws would).
+LONGER = 0.04
+PROBE_REASON = "probing what drafting costs the target (a target-only step)"
+CALIBRATION_KEEP = 0.98  # weight of the past in the calibration's sums, per step
+PLAIN_SEEN = 2.0  # decayed target-only steps that keep the plain calibration current
 
 
 @dataclass
@@ -127,6 +69,181 @@ class Candidate:
     ready: bool = False  # model drafts for this round are at hand (a pre-draft held)
     cold: bool = False  # the draft holds nothing of it yet (its first drafts prefill)
     greedy: bool = False  # its output is the target's whichever drafts a round has
+    why_not: str = ""  # why it cannot draft this step (cap 0), for its stats
+
+
+def chain(a: float, k: int, fetch: bool = False) -> tuple[float, float, float]:
+    """(expected tokens per step beyond the one every step gives, expected drafts
+    verified per step, the probability that a step's pre-draft misses) of a generation
+    drafting k with acceptance a (module notes). `fetch`: a missed pre-draft is made up
+    for by drafting first (coordinator.loop.engine), so every round has drafts."""
+    if k <= 0:
+        return 0.0, 0.0, 0.0
+    a = min(max(a, 0.0), 0.99)
+    hold = a ** (k + 1)
+    per_round = (1 - hold) / (1 - a)
+    if fetch:
+        return per_round - 1, float(k), 1 - hold
+    pi = a / (1 - hold + a) if a > 0 else 0.0
+    return pi * (per_round - 1), pi * k, 0.0
+
+
+def expected_max(a: float, b: float, spread: float) -> float:
+    """E[max(X, Y)] of independent normal X, Y with means a, b and the standard deviation
+    of X - Y `spread` (Clark 1961): a step waits for the later of its Verify and its
+    pre-drafts, so two calls of about the same length cost more than either."""
+    if spread <= 1e-9:
+        return max(a, b)
+    z = (a - b) / spread
+    cdf = 0.5 * (1.0 + math.erf(z / math.sqrt(2.0)))
+    pdf = math.exp(-0.5 * z * z) / math.sqrt(2.0 * math.pi)
+    return a * cdf + b * (1.0 - cdf) + spread * pdf
+
+
+class Calibration:
+    """Tokens per second delivered over predicted, apart for steps that draft and steps
+    that do not, per load (live generations in powers of two, rounded: the model's
+    errors change with the batch), as decayed sums (ratios of sums: a step's luck
+    averages out). What the model leaves out (the CPU that streaming every round takes
+    on a shared host, the steps a switch to drafting costs, the acceptance model's
+    errors) shows here and enters the comparison as a measured factor. Each starts at 1,
+    is shrunk towards 1 by `weight` steps' worth of exact predictions, and a load not
+    seen yet borrows every load's."""
+
+    def __init__(self, keep: float = CALIBRATION_KEEP, weight: float = 8.0):
+        self.keep, self.weight = keep, weight
+        # (load, drafting) -> steps, tokens, predicted tokens, seconds, predicted seconds
+        self.sums: dict[tuple[int, bool], list[float]] = {}
+
+    @staticmethod
+    def load(generations: int) -> int:
+        return round(math.log2(max(1, generations)))
+
+    def observe(self, generations: int, drafting: bool, tokens: float,
+                predicted_tokens: float, seconds: float, predicted_seconds: float) -> None:
+        if predicted_tokens <= 0 or predicted_seconds <= 0 or seconds <= 0:
+            return
+        s = self.sums.setdefault((self.load(generations), drafting), [0.0] * 5)
+        for j, x in enumerate((1.0, tokens, predicted_tokens, seconds, predicted_seconds)):
+            s[j] = self.keep * s[j] + x
+
+    def seen(self, generations: int, drafting: bool) -> float:
+        """Decayed steps measured at this load."""
+        return self.sums.get((self.load(generations), drafting), [0.0])[0]
+
+    def factor(self, generations: int, drafting: bool) -> float:
+        s = self.sums.get((self.load(generations), drafting))
+        if s is None or s[0] <= 0:
+            every = [v for (_, d), v in self.sums.items() if d == drafting]
+            s = [sum(v[j] for v in every) for j in range(5)] if every else None
+        if s is None or s[0] <= 0:
+            return 1.0
+        n, tok, ptok, sec, psec = s
+        wt, ws = self.weight * ptok / n, self.weight * psec / n
+        rate = ((tok + wt) / (ptok + wt)) / ((sec + ws) / (psec + ws))
+        return min(max(rate, 0.5), 1.5)
+
+    def describe(self, generations: int) -> str:
+        return (f"drafting {self.factor(generations, True):.2f}, plain "
+                f"{self.factor(generations, False):.2f}")
+
+
+class _Step:
+    """A step's aggregates, so that one generation's K changes in O(1)."""
+
+    def __init__(self, planner: Planner, gens: list[Candidate], ks: list[int]):
+        c = planner.costs
+        self.t = c.target.coef()
+        self.p = c.draft_pass.coef()
+        self.f = c.draft_first.coef()
+        self.o = c.overhead.coef()
+        self.sv, self.sp, self.sf = c.target.scale, c.draft_pass.scale, c.draft_first.scale
+        n = len(gens)
+        self.cal = {True: planner.calibration.factor(n, True),
+                    False: planner.calibration.factor(n, False)}
+        self.gens, self.ks = gens, list(ks)
+        self.prefill = sum(g.extra_target_tokens for g in gens)
+        self.tokens = float(len(gens))
+        self.verified = float(len(gens))
+        self.fed = self.sum_k = self.fetch_s = 0.0
+        self.counts = [0] * (max([*ks, 0]) + 2)
+        self.drafting = 0
+        for i, k in enumerate(ks):
+            self._add(i, k, 1)
+
+    def _part(self, i: int, k: int) -> tuple[float, float, float, float]:
+        """Generation i drafting k: its extra tokens, drafts verified, tokens the draft
+        feeds first, and the fetch seconds it is expected to make every step wait."""
+        g = self.gens[i]
+        k = min(k, g.cap)
+        # Alone, a missed pre-draft is fetched (the engine's fetch_pays, in practice
+        # always with one generation); with others, a miss costs its next round's drafts.
+        fetch = len(self.gens) == 1 and (g.greedy or not g.fixed)
+        extra, drafts, miss = chain(g.acceptance, k, fetch)
+        per_step = 1 + extra
+        steps_left = max(1.0, g.remaining / per_step)
+        fed = 1 + g.catch_up * min(1.0, AMORTISE_STEPS / steps_left)
+        fetch_s = 0.0
+        if miss:
+            p, f = self.p, self.f
+            fetch_s = miss * (max(0.0, f[0] + f[1] * 2) + k * max(0.0, p[0] + p[1]))
+        return extra, drafts, fed, fetch_s
+
+    def _add(self, i: int, k: int, sign: int) -> None:
+        if k <= 0 or not self.gens[i].drafts_with_model:
+            return
+        extra, drafts, fed, fetch_s = self._part(i, k)
+        self.tokens += sign * extra
+        self.verified += sign * drafts
+        self.fed += sign * fed
+        self.fetch_s += sign * fetch_s
+        self.sum_k += sign * k
+        self.drafting += sign
+        if k >= len(self.counts):
+            self.counts += [0] * (k + 1 - len(self.counts))
+        self.counts[k] += sign
+
+    def set(self, i: int, k: int) -> None:
+        self._add(i, self.ks[i], -1)
+        self.ks[i] = k
+        self._add(i, k, 1)
+
+    def seconds(self) -> float:
+        t, p, f, o = self.t, self.p, self.f, self.o
+        busy = 1.0 if self.drafting else 0.0
+        v = max(0.0, t[0] + t[1] * self.verified + t[2] * self.prefill + t[3] * busy)
+        rest = max(0.0, o[0] + o[1] * len(self.gens) + o[2] * self.drafting)
+        if not self.drafting:
+            return v + rest
+        passes = max(k for k in range(len(self.counts)) if self.counts[k]) + 1
+        d = max(0.0, f[0] + f[1] * self.fed) + max(0.0, (passes - 1) * p[0]
+                                                  + p[1] * self.sum_k)
+        spread = (self.sv ** 2 + self.sf ** 2 + (passes - 1) * self.sp ** 2) ** 0.5
+        return expected_max(v, d, spread) + rest + self.fetch_s
+
+    def goodput(self) -> float:
+        """Expected tokens per second, times what such steps (drafting or not) delivered
+        of their prediction lately (Calibration)."""
+        return self.cal[self.drafting > 0] * self.tokens / max(self.seconds(), 1e-6)
+
+    def best_k(self, i: int) -> int:
+        """Generation i's K that maximises the step's goodput, the others' held; among
+        drafting K within LONGER of the generation's share of the best, the one it has
+        (a pre-draft is sized by the last step's K: changing it costs a step's fit), else
+        the largest."""
+        was = self.ks[i]
+        goodputs = []
+        for k in range(self.gens[i].cap + 1):
+            self.set(i, k)
+            goodputs.append(self.goodput())
+        top = max(goodputs)
+        best = 0
+        if top > goodputs[0]:
+            slack = LONGER * top / len(self.gens)
+            near = [k for k, g in enumerate(goodputs) if k and g >= top - slack]
+            best = was if was in near else max(near)
+        self.set(i, best)
+        return best
 
 
 class Planner:
@@ -134,46 +251,144 @@ class Planner:
         self.default_k, self.k_max = default_k, k_max
         self.adaptive = adaptive  # False: every generation drafts its cap
         self.costs = Costs()
-        self.last_k = 0  # the step's K (metrics, tests)
+        self.last_k = 0  # the step's largest K (metrics, tests)
+        self.reasons: list[str] = []  # per generation of the last plan: why K is 0 ("")
+        self.probe = False  # the last plan was a probe
+        # A verified draft costs the target more than the look-up's cost model assumes
+        # (coordinator.drafters.costs.LookupSettings.verify_cost, in one-token rounds).
+        self.target_loaded = False
+        self.steps = 0
+        self._previous: dict[int, int] = {}  # id(candidate source) -> last K
+        # The last plan's predicted step seconds and tokens, whether it drafted, and for
+        # how many generations.
+        self.predicted: tuple[float, float, bool, int] = (0.0, 0.0, False, 0)
+        self.calibration = Calibration()
 
-    def plan(self, gens: list[Candidate]) -> list[int]:
-        """K for each generation this step."""
+    def plan(self, gens: list[Candidate], keys: list | None = None) -> list[int]:
+        """K for each generation this step (`keys`: stable ids of the generations, so
+        that each starts from its last K)."""
+        self.steps += 1
+        self.probe = False
+        self.target_loaded = bool(gens) and self.costs.target.ready and \
+            self._loaded(len(gens))
+        self.reasons = [g.why_not if g.cap <= 0 else "" for g in gens]
         default = [g.cap if g.fixed else min(g.cap, self.default_k) for g in gens]
-        if not self.adaptive or not gens:
-            return default
-        if not self.costs.ready:
+        variable = [i for i, g in enumerate(gens)
+                    if g.drafts_with_model and g.cap > 0 and not g.fixed]
+        if not self.adaptive or not gens or not self.costs.ready or not variable:
             self.last_k = max(default, default=0)
+            self._predict(gens, default)
             return default
-        model = sorted((i for i, g in enumerate(gens)
-                        if g.drafts_with_model and g.cap > 0 and not g.fixed),
-                       key=lambda i: (-gens[i].acceptance, gens[i].catch_up))
-        if not model:  # nobody drafts with the model: K only caps look-ups
-            return default
-        best, best_k, best_m = self.goodput(gens, model, 0, 0), 0, 0
-        for k in range(1, min(self.k_max, max(gens[i].cap for i in model)) + 1):
-            for m in range(1, len(model) + 1):
-                g = self.goodput(gens, model, k, m)
-                if g > best:
-                    best, best_k, best_m = g, k, m
-        out = [0] * len(gens)
-        for i in model[:best_m]:
-            out[i] = min(best_k, gens[i].cap)
-        for i, g in enumerate(gens):
-            if g.fixed:
-                out[i] = g.cap
-            elif not g.drafts_with_model:
-                out[i] = min(g.cap, best_k or self.default_k)  # a look-up's cap
-        self.last_k = best_k
-        return out
+        keys = keys if keys is not None else list(range(len(gens)))
+        start = list(default)
+        for i in variable:
+            start[i] = min(self._previous.get(keys[i], 0), gens[i].cap)
+        step = _Step(self, gens, start)
+        order = sorted(variable, key=lambda i: -gens[i].acceptance)
+        for _ in range(SWEEPS):
+            before = list(step.ks)
+            for i in order:
+                step.best_k(i)
+            if step.ks == before:
+                break
+        ks = step.ks
+        if self._probe_due(step, variable):
+            ks = [0 if i in variable else k for i, k in enumerate(ks)]
+            self.probe = True
+            for i in variable:
+                self.reasons[i] = PROBE_REASON
+        else:
+            idle = [i for i in variable if ks[i] == 0]
+            if idle:
+                self._explain(step, idle)
+        self._previous = {keys[i]: ks[i] for i in variable}
+        self.last_k = max(ks, default=0)
+        self._predict(gens, ks)
+        return ks
+
+    def _predict(self, gens: list[Candidate], ks: list[int]) -> None:
+        """What the model expects of the step as planned (uncalibrated)."""
+        if not gens or not self.costs.ready:
+            self.predicted = (0.0, 0.0, False, 0)
+            return
+        step = _Step(self, gens, ks)
+        self.predicted = (step.seconds(), step.tokens, step.drafting > 0, len(gens))
+
+    def observe(self, tokens: int, seconds: float) -> None:
+        """The planned step committed `tokens` in `seconds` (Calibration)."""
+        predicted_s, predicted_tokens, drafting, n = self.predicted
+        self.calibration.observe(n, drafting, tokens, predicted_tokens, seconds, predicted_s)
+
+    def _loaded(self, generations: int) -> bool:
+        """Whether one more verified token costs more than LookupSettings.verify_cost of a
+        generation's share of a target-only step."""
+        t = self.costs.target.coef()
+        share = (t[0] + t[1] * generations) / generations
+        return share <= 0 or t[1] / share > LookupSettings.verify_cost
+
+    def _probe_due(self, step: _Step, variable: list[int]) -> bool:
+        """A probe step, PROBE_EVERY steps since the last, when no request that set K
+        drafts anyway (the step would not be target-only) and the server-K generations'
+        drafting is planned on a guess: no target-only step this wide was measured, or
+        drafting wins by less than PROBE_MARGIN while the draft's cost to the target, or
+        what target-only steps deliver of their prediction (Calibration), was not seen
+        lately."""
+        if self.steps % PROBE_EVERY:
+            return False
+        blind = not self.costs.seen_width(len(step.gens))  # a target-only step's width
+        seen = self.costs.busy_known and \
+            self.calibration.seen(len(step.gens), False) >= PLAIN_SEEN
+        if seen and not blind:
+            return False
+        if any(step.ks[i] > 0 and g.fixed and g.drafts_with_model
+               for i, g in enumerate(step.gens)):
+            return False
+        drafting = step.goodput()
+        if not any(step.ks[i] for i in variable):
+            return False
+        if blind:
+            return True
+        saved = list(step.ks)
+        for i in variable:
+            step.set(i, 0)
+        plain = step.goodput()
+        for i in variable:
+            step.set(i, saved[i])
+        return drafting < (1 + PROBE_MARGIN) * plain
+
+    def _explain(self, step: _Step, idle: list[int]) -> None:
+        """Why the idle generations draft nothing: the acceptance at which one of them
+        (the most accepted) would start paying, by bisection; shared by the others."""
+        i = max(idle, key=lambda j: step.gens[j].acceptance)
+        g = step.gens[i]
+        lo, hi = 0.0, 0.99
+        original = g.acceptance
+        for _ in range(10):
+            mid = (lo + hi) / 2
+            step.set(i, 0)  # its part leaves the aggregates under the acceptance it had
+            g.acceptance = mid
+            if step.best_k(i) > 0:
+                hi = mid
+            else:
+                lo = mid
+        step.set(i, 0)
+        g.acceptance = original
+        even = hi
+        for j in idle:
+            a = step.gens[j].acceptance
+            self.reasons[j] = (f"acceptance {a:.2f} below break-even {even:.2f}" if a < even
+                               else f"acceptance {a:.2f}, but the draft's catch-up does not "
+                                    f"pay for the {step.gens[j].remaining} tokens left")
 
     def fetch_pays(self, gens: list[Candidate], ks: list[int], missing: list[int]) -> bool:
         """Whether this step should draft first for the generations in `missing` (their
         pre-draft missed), so that their rounds have drafts, rather than verify them
-        without: the draft then works while the target waits. Judged on this step's
+        without: every generation then waits for the draft. Judged on this step's
         expected tokens per second. Before the costs are measured: only when nobody has
         drafts at hand and no draft session is cold (a prefill: the two services then
         prefill side by side instead, while the target decodes the first token alone)."""
-        if not self.costs.ready:
+        c = self.costs
+        if not c.ready:
             return all(not g.ready for g in gens) and not any(gens[i].cold for i in missing)
         exp = []
         for i, g in enumerate(gens):
@@ -183,74 +398,19 @@ class Planner:
         base_tokens = sum(exp[i] for i in ready) + len(gens) - len(ready)
         target = len(gens) + sum(ks[i] for i in ready)
         prefill = sum(g.extra_target_tokens for g in gens)
-        drafting = self.costs.draft_s(max(ks) + 1, len(ready) + len(missing),
-                                      2 * (len(ready) + len(missing)))
-        o = self.costs.overhead_s or 0.0
-        without = base_tokens / (max(self.costs.verify_s(target, prefill), drafting) + o)
-        first = self.costs.draft_s(max(ks[i] for i in missing) + 1, len(missing),
-                                   sum(gens[i].catch_up for i in missing))
+        drafting_n = len(ready) + len(missing)
+        drafting = c.draft_s(max(ks) + 1, drafting_n, 2 * drafting_n)
+        o = c.overhead_s(len(gens), drafting_n)
+        without = base_tokens / (max(c.verify_s(target, prefill, True), drafting) + o)
+        first = c.draft_s(max(ks[i] for i in missing) + 1, len(missing),
+                          sum(gens[i].catch_up for i in missing))
         more = sum(exp[i] - 1 for i in missing)
         extra = sum(ks[i] for i in missing)
         with_ = (base_tokens + more) / (
-            first + max(self.costs.verify_s(target + extra, prefill), drafting) + o)
+            first + max(c.verify_s(target + extra, prefill, True), drafting) + o)
         return with_ > without
 
     def describe(self) -> str:
-        c = self.costs
-        if not c.ready:
-            return "not measured yet"
-        t, p, f = c.target.coef(), c.draft_pass.coef(), c.draft_first.coef()
-        return (f"verify {t[0] * 1e3:.1f} + {t[1] * 1e3:.2f}/token + {t[2] * 1e3:.2f}/prefill "
-                f"token ms, draft pass "
-                f"{p[0] * 1e3:.1f} + {p[1] * 1e3:.2f}/session ms, first pass and call "
-                f"{f[0] * 1e3:.1f} + {f[1] * 1e3:.2f}/token ms, overhead "
-                f"{c.overhead_s * 1e3:.1f} ms")
-
-    def goodput(self, gens: list[Candidate], model: list[int], k: int, m: int) -> float:
-        """Expected tokens per second of a step where the first m of `model` draft k
-        (module notes). A cold draft session's catch-up is paid once: it is charged to
-        this step in proportion to the steps the generation has left."""
-        tokens = target_tokens = float(len(gens))
-        prefill = sum(g.extra_target_tokens for g in gens)
-        fed = 0.0
-        for i in model[:m]:
-            g = gens[i]
-            a = min(g.acceptance, 0.99)
-            kk = min(k, g.cap)
-            pi = a / (1 - a ** (kk + 1) + a)
-            per_round = (1 - a ** (kk + 1)) / (1 - a)
-            per_step = 1 + pi * (per_round - 1)
-            tokens += per_step - 1
-            target_tokens += pi * kk
-            steps_left = max(1.0, g.remaining / per_step)
-            fed += 1 + g.catch_up * min(1.0, AMORTISE_STEPS / steps_left)
-        seconds = self.costs.verify_s(target_tokens, prefill)
-        if m:
-            seconds = max(seconds, self.costs.draft_s(k + 1, m, fed))
-        return tokens / (seconds + (self.costs.overhead_s or 0.0))
-
-
-@dataclass
-class Acceptance:
-    """Per-token acceptance of model drafts, as decayed counts: accepted drafts over
-    accepted drafts plus rejections (a round is accepted-many successes and at most one
-    failure: the geometric model of Leviathan et al. 2023). A ratio of sums, not an
-    average of per-round ratios, which a round of one rejected draft would drag to 0.
-    `prior_weight` trials of the prior start it."""
-
-    prior: float = PRIOR_ACCEPTANCE
-    prior_weight: float = 4.0
-    keep: float = 0.9  # weight of the past at each round
-    accepted: float = 0.0
-    trials: float = 0.0
-
-    @property
-    def rate(self) -> float:
-        w = self.prior_weight
-        return (self.accepted + w * self.prior) / (self.trials + w)
-
-    def observe(self, accepted: int, drafted: int) -> None:
-        if drafted <= 0:
-            return
-        self.accepted = self.keep * self.accepted + accepted
-        self.trials = self.keep * self.trials + accepted + (1 if accepted < drafted else 0)
+        return (f"{self.costs.summary()}; delivered/predicted at "
+                f"{self.predicted[3]} generations: "
+                f"{self.calibration.describe(self.predicted[3])}")

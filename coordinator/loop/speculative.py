@@ -11,7 +11,9 @@ The parts, each with one job:
   coordinator.loop.engine      the steps: every generation's round at once
   coordinator.loop.generation  one generation's state and its part of a step
   coordinator.loop.calls       a step's batch calls, items isolated, failures repaired
-  coordinator.loop.plan        K per step from goodput over both services
+  coordinator.loop.plan        K per generation and step, from what a step costs
+  coordinator.loop.costs       what a step costs, measured
+  coordinator.loop.acceptance  what a generation's drafts are worth
   coordinator.drafters         who drafts: the draft model, the look-up, the hybrid
   coordinator.remote.link             a generation's link to each service (pins, cache views)
   coordinator.record           every event counted once, in LoopStats and LoopMetrics
@@ -86,7 +88,7 @@ class SpeculativeLoop:
                                adaptive=policy.load_aware_k or policy.adaptive_k)
         self.shared = Shared(self.draft, self.target, policy, self._metrics, self._drafter,
                              draft_backoff_s, self.k_max)
-        self.engine = Engine(self.planner, policy.pipeline)
+        self.engine = Engine(self.planner, policy.pipeline, metrics=lambda: self._metrics)
 
     @property
     def metrics(self) -> LoopMetrics:
@@ -127,6 +129,7 @@ class SpeculativeLoop:
         lookup = LookupDrafter(gen.committed.tokens, self.lookup, gen.sampling.greedy,
                                self.output_cache if self.drafts_by_lookup else None,
                                gen.tenant, gen.k, prediction)
+        gen.lookup = lookup
         return lookup if model is None else HybridDrafter(model, lookup, self.lookup)
 
     def rounds(self, prompt_ids: Sequence[int], max_new_tokens: int, sampling: SamplingParams,

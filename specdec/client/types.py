@@ -61,6 +61,10 @@ class Stats:
     prediction_accepted_tokens: int = 0
     # Structured outputs: tokens the grammar forced, committed without a model pass.
     forced_tokens: int = 0
+    # The drafting decision: the K chosen per round on average, and why it was 0 in the
+    # rounds where it was ("" when never).
+    mean_k: float = 0.0
+    k_reason: str = ""
     coordinator_replica: str = ""
     coordinator_node: str = ""
     draft_replicas: tuple[str, ...] = ()

@@ -84,7 +84,7 @@ def test_stop_and_seed_behave_as_on_grpc(client, model, generator_stub):
                                     temperature=0, stop=[stop])
     assert out.choices[0].finish_reason == "stop"
     assert out.choices[0].text == base.text[:base.text.index(stop)]
-    # K = 0: with K left to the server, which rounds draft is the governor's and the
+    # K = 0: with K left to the server, which rounds draft is the
     # planner's call on measured timings, and a sampled text follows the rounds
     # (docs/design.md, section 6, "Seeds and reproducibility")
     sampled = [client.completions.create(model=model, prompt="Hello", max_tokens=12,

@@ -31,16 +31,20 @@ def test_the_look_up_follows_the_committed_ids():
     d = lookup(verify_cost=0.0)
     assert not d.propose(PROMPT + [77], 4)
     d.observe(Outcome(PROMPT + [77, 12, 13], NO_DRAFTS, 0))
-    drafts = d.propose(PROMPT + [77, 12, 13], 3)
-    assert drafts.source == LOOKUP and drafts.tokens == [14, 15, 77]
-    assert drafts.probs == [1.0] * 3 and drafts.dists == []  # greedy: no q on the wire
+    drafts = d.propose(PROMPT + [77, 12, 13], 4)
+    assert drafts.source == LOOKUP and drafts.tokens == [14, 15, 77, 12, 13]
+    assert drafts.probs == [1.0] * 5 and drafts.dists == []  # greedy: no q on the wire
 
 
-def test_the_look_up_drafts_up_to_its_own_cap_unless_the_load_lowered_k():
+def test_the_look_up_drafts_up_to_its_own_cap_unless_a_loaded_target_lowered_k():
     d = lookup(verify_cost=0.0, max_tokens=8, request_k=2)
     context = PROMPT + [10, 11]
     assert len(d.propose(context, 2)) > 2  # K = the request's: the look-up's own cap
-    assert len(d.propose(context, 1)) == 1  # the planner lowered K: that cap
+    # K lowered because the draft service is the bottleneck: still its own cap
+    assert len(d.propose(context, 1)) > 2
+    d.target_loaded = True  # the planner: a verified draft is dear
+    assert len(d.propose(context, 1)) == 1
+    assert len(d.propose(context, 2)) > 2  # the request's K: its own cap whatever the load
 
 
 def test_the_look_up_sends_fewer_drafts_for_weak_matches_and_learns():

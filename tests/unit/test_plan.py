@@ -1,38 +1,59 @@
-"""The lockstep planner: K per step from goodput over both services (pure logic)."""
+"""The drafting decision: K per generation and step from a model of what a step costs and
+what each generation's drafts are worth (pure logic: coordinator.loop.plan, costs,
+acceptance)."""
 
 from __future__ import annotations
 
+import math
+import random
+
 import pytest
 
-from coordinator.loop.plan import MIN_SAMPLES, Acceptance, Candidate, Fit, Planner
+from coordinator.loop.acceptance import Acceptance, Priors, kind_of
+from coordinator.loop.costs import MIN_SAMPLES, Costs, Fit
+from coordinator.loop.plan import (
+    PROBE_EVERY,
+    PROBE_REASON,
+    Candidate,
+    Planner,
+    _Step,
+    chain,
+    expected_max,
+)
+from specdec.sampling import SamplingParams
 
 
 def teach(planner: Planner, verify=(0.020, 0.0009), propose=(0.002, 0.008, 0.001),
-          overhead=0.002, sessions=(1, 4, 8, 16)) -> None:
-    """Costs as a VerifyBatch of `tokens` = v0 + v1 tokens, a draft pass over n sessions
-    = d0 + d1 n, and a ProposeBatch's first pass and call = c + d0 + d1 (n + fed)."""
+          overhead=0.002, sessions=(1, 4, 8, 16), busy_cost=0.0, plain_every=0) -> None:
+    """Costs as a VerifyBatch of `tokens` = v0 + v1 tokens (+ busy_cost when the draft
+    computes beside it), a draft pass over n sessions = d0 + d1 n, and a ProposeBatch's
+    first pass and call = c + d0 + d1 (n + fed). `plain_every`: every such step drafts
+    nothing (the busy term is then seen both ways)."""
     v0, v1 = verify
     c, d0, d1 = propose
     for i in range(4 * MIN_SAMPLES):
         n = sessions[i % len(sessions)]
+        busy = not (plain_every and i % plain_every == 0)
+        tokens = n * (1 + (i % 5 if busy else 0))
+        planner.costs.verified(tokens, 0, busy, v0 + v1 * tokens + busy_cost * busy)
         passes = 2 + i % 4
         fed = n * (passes + i % 3)
-        planner.costs.target.add((1.0, n * (1 + i % 5), 0.0), v0 + v1 * n * (1 + i % 5))
         pass_s = d0 + d1 * n
         planner.costs.drafted(passes, n, fed, c + d1 * fed + passes * pass_s, pass_s)
-        planner.costs.step(overhead + 0.05, 0.05)
+        planner.costs.step(n, n if busy else 0, overhead + 0.05, 0.05)
 
 
 def gens(n: int, a: float = 0.9, cap: int = 8, **kw) -> list[Candidate]:
     return [Candidate(a, cap, True, **kw) for _ in range(n)]
 
 
-def test_fit_recovers_a_line():
+def test_fit_recovers_a_line_and_shrugs_off_an_outlier():
     fit = Fit(2)
     for n in range(1, 1 + 2 * MIN_SAMPLES):
         fit.add((1.0, n), 0.004 + 0.001 * n)
+    fit.add((1.0, 3.0), 0.5)  # a step slowed by something else
     assert fit(1.0, 40) == pytest.approx(0.044, rel=0.02)
-    assert fit.ready
+    assert fit.ready and fit.scale < 0.001
 
 
 def test_until_costs_are_measured_everyone_drafts_the_default_k():
@@ -66,11 +87,27 @@ def test_k_falls_as_the_draft_pays_more_per_pass():
     assert ks[0] > ks[1] > ks[2]
 
 
-def test_a_generation_whose_drafts_do_not_pay_drafts_none():
+def test_each_generation_gets_its_own_k():
+    """Decided per generation: in the same step, drafts that are accepted more often are
+    worth a longer round, and drafts that are seldom accepted are not worth one."""
+    planner = Planner(default_k=4, k_max=8)
+    teach(planner, verify=(0.02, 0.0015), propose=(0.001, 0.004, 0.0002))
+    out = planner.plan([Candidate(0.97, 8, True), Candidate(0.75, 8, True),
+                        Candidate(0.1, 8, True)])
+    assert out[0] > out[1] > out[2] == 0
+
+
+def test_a_generation_whose_drafts_do_not_pay_says_why():
     planner = Planner(default_k=4, k_max=8)
     teach(planner, verify=(0.02, 0.002))
     out = planner.plan(gens(7, a=0.95) + [Candidate(0.05, 8, True)])
     assert out[-1] == 0 and min(out[:-1]) > 0
+    reason = planner.reasons[-1]
+    assert reason.startswith("acceptance 0.05 below break-even ")
+    even = float(reason.rsplit(" ", 1)[1])
+    assert 0.05 < even < 0.95
+    # at the break-even acceptance (a little above), it would draft
+    assert planner.plan(gens(7, a=0.95) + [Candidate(min(0.99, even + 0.05), 8, True)])[-1] > 0
 
 
 def test_a_cold_draft_session_starts_drafting_only_when_its_catch_up_pays():
@@ -95,6 +132,101 @@ def test_not_adaptive_keeps_the_default():
     assert planner.plan(gens(4, a=0.3)) == [4, 4, 4, 4]
 
 
+def test_a_generation_that_cannot_draft_gives_its_own_reason():
+    planner = Planner(default_k=4, k_max=8)
+    teach(planner)
+    out = planner.plan(gens(2, a=0.9) + [Candidate(0.9, 0, True, why_not="one token left")])
+    assert out[-1] == 0 and planner.reasons[-1] == "one token left"
+
+
+def test_the_drafts_cost_to_the_target_is_learnt_when_both_kinds_of_step_are_seen():
+    planner = Planner(default_k=4, k_max=8)
+    teach(planner, busy_cost=0.006, plain_every=3)
+    c = planner.costs
+    assert c.busy_known
+    assert c.verify_s(8, 0, True) - c.verify_s(8, 0, False) == pytest.approx(0.006, abs=0.001)
+
+
+def test_unknown_draft_cost_to_the_target_and_a_close_call_probe_now_and_then():
+    """Drafting planned to win by less than the margin while the draft's cost to the
+    target was never seen: every PROBE_EVERY-th step runs the server-K generations
+    target-only, so that the term is measured on the same generations."""
+    planner = Planner(default_k=4, k_max=8)
+    teach(planner, verify=(0.02, 0.0012), propose=(0.001, 0.004, 0.0003))
+    assert not planner.costs.busy_known
+    close = gens(8, a=0.6)
+    plans, reasons = [], []
+    for _ in range(2 * PROBE_EVERY):
+        plans.append(planner.plan(close))
+        reasons.append(list(planner.reasons))
+    probes = [i for i, ks in enumerate(plans) if not any(ks)]
+    assert len(probes) == 2 and probes[1] - probes[0] == PROBE_EVERY
+    assert all(all(ks) for i, ks in enumerate(plans) if i not in probes)
+    assert all(r == [PROBE_REASON] * 8 for i, r in enumerate(reasons) if i in probes)
+    # a request that set K drafts anyway: a probe could not be target-only then
+    planner2 = Planner(default_k=4, k_max=8)
+    teach(planner2, verify=(0.02, 0.0012), propose=(0.001, 0.004, 0.0003))
+    mixed = close + [Candidate(0.6, 4, True, fixed=True)]
+    for _ in range(2 * PROBE_EVERY):
+        assert planner2.plan(mixed)[-1] == 4 and not planner2.probe
+
+
+def test_clear_gains_are_not_probed():
+    planner = Planner(default_k=4, k_max=8)
+    teach(planner)  # cheap drafts, cheap verify: drafting wins by far
+    plans = [planner.plan(gens(2, a=0.95)) for _ in range(2 * PROBE_EVERY)]
+    assert all(all(ks) for ks in plans)
+
+
+def test_close_goodputs_choose_the_longer_round():
+    planner = Planner(default_k=4, k_max=8)
+    teach(planner)
+    step = _Step(planner, gens(1, a=0.9), [0])
+    best = step.best_k(0)
+    rates = []
+    for k in range(9):
+        step.set(0, k)
+        rates.append(step.goodput())
+    assert rates[best] >= 0.96 * max(rates)
+    assert all(r < 0.96 * max(rates) for r in rates[best + 1:])
+
+
+def test_chain_tokens_and_misses():
+    extra, drafts, miss = chain(0.8, 3)
+    hold = 0.8 ** 4
+    pi = 0.8 / (1 - hold + 0.8)
+    assert extra == pytest.approx(pi * ((1 - hold) / 0.2 - 1)) and miss == 0.0
+    assert drafts == pytest.approx(3 * pi)
+    extra, drafts, miss = chain(0.8, 3, fetch=True)  # every round has drafts
+    assert extra == pytest.approx((1 - hold) / 0.2 - 1) and drafts == 3
+    assert miss == pytest.approx(1 - hold)
+    assert chain(0.9, 0) == (0.0, 0.0, 0.0)
+
+
+def test_expected_max_of_two_noisy_calls():
+    assert expected_max(0.05, 0.08, 0.0) == 0.08
+    assert expected_max(0.05, 0.05, 0.01) == pytest.approx(0.05 + 0.01 / math.sqrt(2 * math.pi))
+    assert expected_max(0.05, 0.2, 0.01) == pytest.approx(0.2, rel=1e-6)
+    rng = random.Random(1)
+    draws = [max(rng.gauss(0.06, 0.006), rng.gauss(0.065, 0.008)) for _ in range(40000)]
+    assert expected_max(0.06, 0.065, 0.01) == pytest.approx(sum(draws) / len(draws), rel=0.01)
+
+
+def test_prefills_do_not_flatten_the_cost_of_a_round_token():
+    """A prompt's tokens cost little each; fitted on one line with rounds' tokens they
+    would make drafts look nearly free. The two are fitted apart."""
+    costs = Costs()
+    v0, per_round_token, per_prefill_token = 0.050, 0.0025, 0.0002
+    for i in range(4 * MIN_SAMPLES):
+        tokens = 32 * (1 + i % 3)  # 32 sessions, K = 0..2
+        prefill = 300 * (i % 2)  # every other step holds a prompt
+        costs.verified(tokens, prefill, True,
+                       v0 + per_round_token * tokens + per_prefill_token * prefill)
+    assert costs.verify_s(96, 0, True) == pytest.approx(v0 + per_round_token * 96, rel=0.02)
+    assert costs.verify_s(32, 300, True) == pytest.approx(
+        v0 + per_round_token * 32 + per_prefill_token * 300, rel=0.02)
+
+
 def test_acceptance_is_a_ratio_of_decayed_counts():
     acc = Acceptance(prior=0.5, prior_weight=2.0, keep=1.0)
     assert acc.rate == 0.5
@@ -106,23 +238,18 @@ def test_acceptance_is_a_ratio_of_decayed_counts():
     assert acc.rate == pytest.approx((5 + 1) / (7 + 2))
 
 
-def test_prefills_do_not_flatten_the_cost_of_a_round_token():
-    """A prompt's tokens cost little each; fitted on one line with rounds' tokens they
-    would make drafts look nearly free. The two are fitted apart."""
-    planner = Planner(default_k=4, k_max=15)
-    v0, per_round_token, per_prefill_token = 0.050, 0.0025, 0.0002
-    for i in range(4 * MIN_SAMPLES):
-        tokens = 32 * (1 + i % 3)  # 32 sessions, K = 0..2
-        prefill = 300 * (i % 2)  # every other step holds a prompt
-        planner.costs.target.add((1.0, tokens, prefill),
-                                 v0 + per_round_token * tokens + per_prefill_token * prefill)
-    assert planner.costs.verify_s(96) == pytest.approx(v0 + per_round_token * 96, rel=0.02)
-    assert planner.costs.verify_s(32, 300) == pytest.approx(
-        v0 + per_round_token * 32 + per_prefill_token * 300, rel=0.02)
-    one_line = Fit(2)
-    for x, y in planner.costs.target.samples:
-        one_line.add((1.0, x[1] + x[2]), y)
-    assert one_line(1.0, 96) < 0.8 * planner.costs.verify_s(96)  # what it replaced
+def test_priors_are_kept_per_drafter_and_kind():
+    assert kind_of(SamplingParams()) == "greedy"
+    assert kind_of(SamplingParams(temperature=0.7, presence_penalty=0.5)) == \
+        "sampled+penalised"
+    priors = Priors()
+    greedy = priors.of("model", "greedy")
+    for _ in range(200):
+        greedy.observe(4, 4)
+    assert greedy.rate > 0.95
+    # a kind not seen yet starts from what the drafter earns on the others
+    assert priors.of("model", "sampled").prior == pytest.approx(greedy.rate)
+    assert priors.of("lookup", "greedy").prior == 0.7
 
 
 def test_a_request_that_set_k_is_fetched_for_only_when_greedy():
