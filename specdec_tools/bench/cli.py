@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import sys
 import time
 from contextlib import ExitStack
@@ -14,6 +12,8 @@ from tqdm import tqdm
 
 from specdec_tools.bench import harness, report
 from specdec_tools.bench import prompts as bench_prompts
+from specdec_tools.bench.harness import comma_list as _list
+from specdec_tools.bench.harness import machine
 
 
 def _peak_rss_mb(pid: int) -> float:
@@ -21,15 +21,6 @@ def _peak_rss_mb(pid: int) -> float:
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) / 1024
     return 0.0
-
-
-def machine() -> str:
-    return (f"{platform.machine()}, {len(os.sched_getaffinity(0))} CPUs, "
-            f"{platform.processor() or platform.system()}, Python {platform.python_version()}")
-
-
-def _list(text: str) -> list[str]:
-    return [x.strip() for x in text.split(",") if x.strip()]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -224,6 +215,13 @@ def add_parser(sub) -> None:
                         "coordinator's clients; empty = skip (default: %(default)s)")
     p.add_argument("--out", default="bench-results",
                    help="folder for bench.json, bench.md and the plots (default: %(default)s)")
+    p.add_argument("--interactive", action="store_true",
+                   help="the server's drafting decision through `specdec up`'s defaults: one "
+                        "request at a time on general, grounded and code prompts with the "
+                        "server's K, K=0 and every fixed K in --ks, then the load sweep "
+                        "(--concurrency) beside GenAI's continuous batching; writes "
+                        "interactive.json, interactive.md and interactive.png "
+                        "(specdec_tools.bench.interactive)")
     p.add_argument("--report", metavar="JSON",
                    help="run nothing: rewrite the generated tables (between <!-- bench:NAME "
                         "--> markers) in README.md and docs/benchmarks.md from this results "
@@ -241,10 +239,17 @@ def add_parser(sub) -> None:
         if unknown:
             p.error(f"unknown --loops or --peer-setups value(s): {', '.join(unknown)}; "
                     f"loops: {', '.join(LOOPS)}; set-ups: {', '.join(SETUPS)}")
+        if args.interactive:
+            from specdec_tools.bench import interactive
+
+            return interactive.run(args)
         if args.quick:
             args.k, args.repeats, args.max_new_tokens = "4", 1, 32
             args.temperatures, args.peers, args.rtt = "0", "inprocess,genai", "0,20"
             args.loops, args.peer_setups = "pipelined,hybrid,lookup", "target-device"
         return run(args)
 
+    from specdec_tools.bench.interactive import add_arguments
+
+    add_arguments(p)
     p.set_defaults(func=main)

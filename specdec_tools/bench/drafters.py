@@ -195,7 +195,7 @@ def run(args: argparse.Namespace) -> int:
     from specdec.prepare import prepare_smollm2
     from specdec.runtime.openvino_export import export
     from specdec_tools.bench import peers as peer_setups
-    from specdec_tools.bench.cli import machine
+    from specdec_tools.bench.harness import machine
 
     def say(message: str) -> None:
         print(message, file=sys.stderr, flush=True)

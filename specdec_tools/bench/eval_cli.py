@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     from coordinator.deploy.setup import build_service
     from specdec import pair as pairs
     from specdec.runtime import models
-    from specdec_tools.bench.cli import machine
+    from specdec_tools.bench.harness import machine
 
     chosen = quality_eval.modes(args.k, args.temperature, _keys(args.modes))
     prompts = open_prompts.PROMPTS[:args.prompts]

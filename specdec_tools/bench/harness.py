@@ -11,6 +11,8 @@ temperatures, each prompt by every scenario back to back, and returns the sample
 
 from __future__ import annotations
 
+import os
+import platform
 import statistics
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
@@ -19,6 +21,18 @@ from dataclasses import dataclass, field
 from tqdm import tqdm
 
 from specdec.sampling import SamplingParams
+
+
+def machine() -> str:
+    """The machine a bench ran on, for its results."""
+    return (f"{platform.machine()}, {len(os.sched_getaffinity(0))} CPUs, "
+            f"{platform.processor() or platform.system()}, Python {platform.python_version()}")
+
+
+def comma_list(text: str) -> list[str]:
+    """A flag's comma-separated values, blanks dropped."""
+    return [x.strip() for x in text.split(",") if x.strip()]
+
 
 SPEEDUP_DEFINITION = (
     "speedup = the median, over (prompt, repeat) pairs, of speculative tok/s divided by "

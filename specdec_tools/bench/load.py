@@ -108,6 +108,7 @@ class GrpcVariant:
                     s.rounds, s.drafted, s.accepted = (st.rounds, st.drafted_tokens,
                                                        st.accepted_tokens)
                     s.k_per_round = list(st.k_per_round)
+                    s.mean_k, s.k_reason = st.mean_k, st.k_reason
         except grpc.RpcError as e:
             s.error = e.code().name
         s.seconds = time.perf_counter() - sent
@@ -171,7 +172,8 @@ def run(args: argparse.Namespace) -> int:
     from specdec.client_cli import stack_config
     from specdec.pair import placement
     from specdec_tools.bench import drain, load_peers, load_report
-    from specdec_tools.bench.cli import _list, machine
+    from specdec_tools.bench.harness import comma_list as _list
+    from specdec_tools.bench.harness import machine
 
     def say(message: str) -> None:
         print(message, file=sys.stderr, flush=True)

@@ -39,6 +39,8 @@ class LoadSample(Sample):
     chunk_times: list[float] = field(default_factory=list)  # since sent, token chunks only
     chunk_tokens: list[int] = field(default_factory=list)  # tokens in each of those chunks
     k_per_round: list[int] = field(default_factory=list)  # from the final GenerationStats
+    mean_k: float = 0.0  # ... the K chosen per round, on average
+    k_reason: str = ""  # ... why K was 0 where it was
     error: str | None = None  # gRPC status code name (HTTP: the same), or a peer's status
 
 

@@ -97,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
     from specdec.prepare import prepare_smollm2
     from specdec.runtime.openvino_export import export
     from specdec.stack import coordinator_client_tls, with_service_tls
-    from specdec_tools.bench.cli import machine
+    from specdec_tools.bench.harness import machine
     from specdec_tools.bench.system import SystemScenario
 
     def say(message: str) -> None:

@@ -228,3 +228,30 @@ def test_genai_continuous_batching_peer_under_load():
         assert r.errors == {} and r.compared == 2 and r.mismatches == 0, r
         assert r.aggregate_tps > 0 and r.itl_p50_ms > 0
     assert rows[1].throughput_ratio is not None and rows[1].baseline == rows[0].scenario
+
+
+def test_interactive_bench_compares_the_servers_k_with_fixed_ks(generator, tmp_path):
+    """`specdec bench --interactive`'s first part against a real coordinator (tiny
+    models): every variant of every prompt, one request at a time; greedy outputs equal
+    target-only's; the report names the best fixed K and the server's ratio to it."""
+    from specdec_tools.bench import interactive, interactive_report
+
+    address, _ = generator
+    prompts = {"general": [("a", MESSAGES[0])], "code": [("b", MESSAGES[1])]}
+    rows = interactive.one_at_a_time(address, prompts, [1, 2], 8, 1, say=print)
+    assert sorted((r["kind"], r["variant"]) for r in rows) == sorted(
+        (kind, v) for kind in prompts for v in ("K=0", "server", "K=1", "K=2"))
+    assert all(r["error"] is None and r["tokens"] > 0 for r in rows)
+    # the request's K, less near the end (never more drafts than tokens left)
+    assert all(1.0 < r["mean_k"] <= 2.0 for r in rows if r["variant"] == "K=2")
+    base = [r for r in rows if r["variant"] == "K=0"]
+    assert all("target-only" in r["reason"] for r in base)
+    assert interactive_report.mismatches(rows) == []
+    md, files = interactive_report.write(rows, [], {
+        "command": "test", "date": "today", "machine": "here", "prompt_set": "test",
+        "max_new_tokens": 8, "repeats": 1}, tmp_path)
+    summary = json.loads((tmp_path / "interactive.json").read_text())["summary"]
+    for kind in prompts:
+        assert summary[kind]["best_fixed"] in ("K=1", "K=2")
+        assert summary[kind]["server_over_best"] > 0
+    assert "server / best fixed" in md and all(f.exists() for f in files)

@@ -1,0 +1,53 @@
+"""`specdec bench --interactive`'s figures from recorded requests (pure logic)."""
+
+from __future__ import annotations
+
+import pytest
+
+from specdec_tools.bench import interactive_report as report
+from specdec_tools.bench.interactive import order
+
+
+def row(kind, prompt, variant, tok_s, drafted=10, tokens=(1, 2, 3), repeat=0, reason=""):
+    k = None if variant == "server" else int(variant[2:])
+    return {"kind": kind, "prompt": prompt, "repeat": repeat, "variant": variant, "k": k,
+            "tokens": 3, "seconds": 3 / tok_s, "tok_s": tok_s, "ttft": 0.1, "rounds": 3,
+            "drafted": 0 if variant == "K=0" else drafted, "accepted": 0 if variant == "K=0"
+            else drafted // 2, "mean_k": k or 0.0, "drafts_per_round": 1.0,
+            "reason": reason, "error": None, "token_ids": list(tokens)}
+
+
+def test_speedups_best_fixed_k_and_the_servers_ratio():
+    rows = []
+    for p, base in (("a", 10.0), ("b", 20.0)):
+        rows += [row("chat", p, "K=0", base), row("chat", p, "server", base * 1.5),
+                 row("chat", p, "K=2", base * 1.4), row("chat", p, "K=4", base * 1.6)]
+    s = report.summarise(rows)["chat"]
+    assert s["variants"]["server"]["speedup"] == pytest.approx(1.5)
+    assert s["best_fixed"] == "K=4"
+    assert s["server_over_best"] == pytest.approx(1.5 / 1.6)
+    assert s["idle_server"] == []
+    assert list(s["variants"]) == ["K=0", "server", "K=2", "K=4"]
+
+
+def test_a_server_request_that_drafted_nothing_where_a_fixed_k_gained_is_flagged():
+    rows = [row("chat", "a", "K=0", 10.0), row("chat", "a", "server", 10.0, drafted=0,
+                                               reason="acceptance 0.1 below break-even 0.3"),
+            row("chat", "a", "K=3", 12.5),
+            row("chat", "b", "K=0", 10.0), row("chat", "b", "server", 10.0, drafted=0),
+            row("chat", "b", "K=3", 11.0)]  # gains less than 1.2x: not flagged
+    s = report.summarise(rows)["chat"]
+    assert s["idle_server"] == ["a#0"]
+    assert s["reasons"] == ["acceptance 0.1 below break-even 0.3"]
+
+
+def test_outputs_that_differ_from_target_only_are_problems():
+    rows = [row("chat", "a", "K=0", 10.0), row("chat", "a", "K=2", 12.0, tokens=(1, 2, 4))]
+    assert report.mismatches(rows) == ["chat/a#0 K=2"]
+    assert report.problems(rows, []) == ["greedy output differs from target-only: chat/a#0 K=2"]
+
+
+def test_the_variants_order_rotates_from_prompt_to_prompt():
+    v = [0, None, 1, 2]
+    assert [order(v, i)[0] for i in range(5)] == [0, None, 1, 2, 0]
+    assert sorted(order(v, 3), key=str) == sorted(v, key=str)
