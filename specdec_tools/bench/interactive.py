@@ -4,7 +4,8 @@ Through `specdec up`'s defaults (the stack started here, as `specdec up` starts 
 running one with --address), two parts:
 
 1. **One request at a time.** For each kind of prompt (general chat, grounded answers,
-   code: specdec_tools.bench.interactive_prompts) and each prompt, one greedy chat
+   code: specdec_tools.bench.interactive_prompts; and "penalised", the general prompts
+   with OpenAI's presence and frequency penalties) and each prompt, one greedy chat
    request per variant, back to back: target-only (K=0), the server's K
    (num_draft_tokens unset) and every fixed K in --ks. The variants' order rotates from
    prompt to prompt so that none always runs first. Speedup is section 12's
@@ -32,6 +33,19 @@ from specdec_tools.bench.load import GrpcVariant
 from specdec_tools.bench.load_report import Load, LoadSample
 
 SERVER = "server"
+PENALISED = "penalised"  # the general prompts, with PENALTIES on every request
+PENALTIES = dict(presence_penalty=0.5, frequency_penalty=0.5)
+DEFAULT_KINDS = (*KINDS, PENALISED)
+
+
+def kind_prompts(prompt_set: str, kinds: list[str]) -> dict[str, list[tuple[str, str]]]:
+    """{kind: [(name, text)]} for the kinds asked, in that order."""
+    bad = [k for k in kinds if k not in DEFAULT_KINDS]
+    if bad:
+        raise SystemExit(f"--kinds: unknown {', '.join(bad)}; choose among "
+                         f"{', '.join(DEFAULT_KINDS)}")
+    sets = SETS[prompt_set]
+    return {k: sets["general" if k == PENALISED else k] for k in kinds}
 
 
 def variant_name(k: int | None) -> str:
@@ -59,7 +73,7 @@ def one_at_a_time(address: str, prompts: dict[str, list[tuple[str, str]]], ks: l
     bar = tqdm(jobs, desc="one at a time", unit="prompt")
     for i, (kind, name, text, r) in enumerate(bar):
         bar.set_postfix_str(f"{kind}/{name}")
-        load = Load(1, max_new_tokens, (text,))
+        load = Load(1, max_new_tokens, (text,), **(PENALTIES if kind == PENALISED else {}))
         for k in order(variants, i):
             sample = clients[k].window(load).samples[0]
             rows.append(_row(sample, kind, name, r, k))
@@ -94,8 +108,7 @@ def run(args) -> int:
     def say(message: str) -> None:
         print(message, file=sys.stderr, flush=True)
 
-    prompts = {k: v for k, v in SETS[args.prompt_set].items()
-               if k in (_list(args.kinds) or KINDS)}
+    prompts = kind_prompts(args.prompt_set, _list(args.kinds) or list(DEFAULT_KINDS))
     ks = sorted({int(k) for k in _list(args.ks)})
     levels = sorted({int(n) for n in _list(args.concurrency)})
     out = Path(args.out)
@@ -170,8 +183,10 @@ def add_arguments(p) -> None:
     g.add_argument("--prompt-set", default="held-out", choices=sorted(SETS),
                    help="held-out = the prompts nothing was tuned on; tune = those the "
                         "drafting decision was developed on (default: %(default)s)")
-    g.add_argument("--kinds", default=",".join(KINDS),
-                   help="kinds of prompt, comma-separated (default: %(default)s)")
+    g.add_argument("--kinds", default=",".join(DEFAULT_KINDS),
+                   help="kinds of prompt, comma-separated; penalised = the general "
+                        "prompts with presence_penalty and frequency_penalty 0.5 "
+                        "(default: %(default)s)")
     g.add_argument("--ks", default="1,2,3,4,5,6,7,8",
                    help="the fixed K compared with the server's (default: %(default)s)")
     g.add_argument("--concurrency", default="1,2,4,8,16,32",

@@ -70,12 +70,16 @@ class Load:
     duration_s: float | None = None  # streams start requests until this much has passed
     temperature: float = 0.0
     timeout: float = 600.0  # per request
+    presence_penalty: float = 0.0  # OpenAI's penalties, on every request
+    frequency_penalty: float = 0.0
 
     def message(self, stream: int, i: int) -> str:
         return self.messages[(stream + i) % len(self.messages)]
 
     def sampling(self, stream: int, i: int) -> SamplingParams:
-        return SamplingParams(temperature=self.temperature, seed=1000 * stream + i)
+        return SamplingParams(temperature=self.temperature, seed=1000 * stream + i,
+                              presence_penalty=self.presence_penalty,
+                              frequency_penalty=self.frequency_penalty)
 
     def more(self, i: int, elapsed: float) -> bool:
         """Whether a stream that has sent `i` requests sends another."""

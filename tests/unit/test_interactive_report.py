@@ -51,3 +51,23 @@ def test_the_variants_order_rotates_from_prompt_to_prompt():
     v = [0, None, 1, 2]
     assert [order(v, i)[0] for i in range(5)] == [0, None, 1, 2, 0]
     assert sorted(order(v, 3), key=str) == sorted(v, key=str)
+
+
+def test_the_penalised_kind_sends_the_general_prompts_with_penalties():
+    from specdec import wire
+    from specdec_tools.bench.interactive import PENALISED, PENALTIES, kind_prompts
+    from specdec_tools.bench.interactive_prompts import SETS
+    from specdec_tools.bench.load_report import Load
+    from specdec_tools.bench.system import _request
+
+    prompts = kind_prompts("held-out", ["code", PENALISED])
+    assert list(prompts) == ["code", PENALISED]
+    assert prompts[PENALISED] == SETS["held-out"]["general"]
+    sampling = Load(1, 8, ("hi",), **PENALTIES).sampling(0, 0)
+    assert sampling.penalised and sampling.greedy
+    req = _request("hi", 8, 0, sampling)  # the penalties reach the wire
+    back = wire.sampling_from_proto(req.sampling)
+    assert (back.presence_penalty, back.frequency_penalty) == (0.5, 0.5)
+    assert not Load(1, 8, ("hi",)).sampling(0, 0).penalised
+    with pytest.raises(SystemExit, match="unknown chat"):
+        kind_prompts("held-out", ["chat"])
