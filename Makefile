@@ -22,7 +22,7 @@ TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 TORCH_CUDA  ?= $(if $(filter cu%,$(notdir $(patsubst %/,%,$(TORCH_INDEX)))),1,)
 TORCH_PROBE_S ?= 5
 
-.PHONY: setup protos prepare demo bench bench-quick bench-load test test-fast test-unit test-service test-soak test-scale lint clean cuda-check browser
+.PHONY: setup protos prepare demo bench bench-quick bench-load test test-long test-fast test-unit test-service test-soak test-scale lint clean cuda-check browser
 
 setup: $(STAMP) $(GEN)
 
@@ -101,7 +101,13 @@ browser:
 
 # The whole suite, real-model tests included (CI runs this), but the scale-out runs.
 test: prepare browser
-	$(PYTEST) $(PARALLEL) -m "not scale" tests
+	$(PYTEST) $(PARALLEL) -m "not scale and not long" tests
+
+# Further variants of checks `make test` makes (marker `long`: more chi-square variants,
+# the real-model layer-skip and contrastive pairs, lm-eval, a bench peer; ~5 min). CI
+# runs them after `make test`.
+test-long: prepare
+	$(PYTEST) $(PARALLEL) -m "long and not scale" tests
 
 # Scale-out for real (tests/scale, root for network namespaces): two Ray nodes, the
 # autoscaling ramp, pools of different sizes, rolling replacement; each prints its

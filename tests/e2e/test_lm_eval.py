@@ -11,7 +11,7 @@ import pytest
 
 from specdec.runtime.models import build_tiny
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.long]
 
 ROOT = Path(__file__).resolve().parents[2]
 TASKS = ["specdec_mc", "specdec_gen"]

@@ -20,7 +20,7 @@ from specdec_tools import contrastive_reference
 from target_service.config import from_args as target_config
 from tests.service._contrastive_helpers import params
 
-pytestmark = [pytest.mark.realmodel, pytest.mark.slow]
+pytestmark = [pytest.mark.realmodel, pytest.mark.slow, pytest.mark.long]
 
 PROMPT = "Large language models are"
 N = 32

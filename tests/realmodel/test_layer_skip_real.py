@@ -14,7 +14,7 @@ from specdec import pair as pairs
 from specdec.runtime.layer_skip import format_set
 from tests.realmodel.conftest import greedy_k4_equals_target_only
 
-pytestmark = [pytest.mark.realmodel, pytest.mark.slow]
+pytestmark = [pytest.mark.realmodel, pytest.mark.slow, pytest.mark.long]
 
 SKIP = (10, 12, 14, 16, 18, 20)  # teacher-forced greedy agreement 0.56 in fp32
 PROMPTS = ["What is the capital of France? Answer in one sentence.",

@@ -114,6 +114,7 @@ def _finished(home, name_prefix) -> int:
     return sum(state in DONE_STATES for (state,) in rows)
 
 
+@pytest.mark.long
 def test_ctrl_c_keeps_the_finished_trials_and_a_rerun_resumes(folder, tmp_path):
     home = tmp_path / "home"
     proc = tune(folder, home, "--trials", "100000", "--out", str(tmp_path / "s"), wait=False)

@@ -16,7 +16,7 @@ from specdec.runtime.models import TINY_DRAFT, TINY_TARGET, build_tiny
 from specdec.sampling import SamplingParams
 from specdec_tools.contrastive_reference import last_logits
 from tests.service._contrastive_helpers import params
-from tests.service.test_sampled_distribution import chi_square_p_value
+from tests.service.test_sampled_distribution import chi_square_p_value, run_seeds
 
 PROMPT = [31, 415, 92, 65]
 TRIALS = 1200
@@ -42,7 +42,7 @@ def contrastive_joint(p, temperature: float, n: int = 2) -> dict[tuple[int, ...]
 @pytest.mark.parametrize(
     ("p", "temperature", "k", "top_n"),
     [
-        (params(OBRIEN), 1.0, 0, 0),
+        pytest.param(params(OBRIEN), 1.0, 0, 0, marks=pytest.mark.long),  # no drafts
         # The speculative form: accept/resample against p_cd, residuals included. (With
         # the draft's q cut to 2 ids, top_n = 2, K = 3, it passed too: p = 0.62.)
         (params(LI, amateur_temperature=0.7), 0.8, 2, 0),
@@ -53,14 +53,12 @@ def test_two_token_joint_matches_the_contrastive_distribution(draft_client, targ
                                                               p, temperature, k, top_n):
     expected = contrastive_joint(p, temperature)
     loop = SpeculativeLoop(draft_client, target_client, LoopPolicy(pipeline=False, top_n=top_n))
-    counts: Counter = Counter()
-    accepted = drafted = 0
-    for seed in range(TRIALS):
-        sampling = SamplingParams(temperature=temperature, seed=seed)
-        result = loop.generate(PROMPT, 2, sampling, num_draft_tokens=k, contrastive=p)
-        counts[tuple(result.token_ids)] += 1
-        accepted += result.stats.accepted_tokens
-        drafted += result.stats.drafted_tokens
+    results = run_seeds(lambda seed: loop.generate(
+        PROMPT, 2, SamplingParams(temperature=temperature, seed=seed), num_draft_tokens=k,
+        contrastive=p), TRIALS)
+    counts = Counter(tuple(r.token_ids) for r in results)
+    accepted = sum(r.stats.accepted_tokens for r in results)
+    drafted = sum(r.stats.drafted_tokens for r in results)
     if k:
         assert 0 < accepted < drafted  # both accept and reject paths were exercised
     p_value = chi_square_p_value(counts, expected, TRIALS)
@@ -75,16 +73,15 @@ def test_the_target_distribution_fails_this_test(target_client, draft_client):
     p = params(OBRIEN)
     expected = contrastive_joint(p, 1.0)
     loop = SpeculativeLoop(draft_client, target_client, LoopPolicy(pipeline=False, top_n=0))
-    counts: Counter = Counter()
-    for seed in range(600):
-        result = loop.generate(PROMPT, 2, SamplingParams(temperature=1.0, seed=seed), 0)
-        counts[tuple(result.token_ids)] += 1
+    counts = Counter(tuple(r.token_ids) for r in run_seeds(lambda seed: loop.generate(
+        PROMPT, 2, SamplingParams(temperature=1.0, seed=seed), 0), 600))
     on_support = Counter({c: n for c, n in counts.items() if c in expected})
     outside = sum(counts.values()) - sum(on_support.values())
     assert outside > 0 or chi_square_p_value(on_support, expected, 600) < 1e-3
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_pipelined_rounds_keep_the_contrastive_distribution(draft_client, target_client):
     """Pipelined speculative form, K = 1: round 2's draft comes from a pre-draft whenever
     round 1's draft and guessed bonus held (about a third of generations here), else from a
@@ -97,13 +94,11 @@ def test_pipelined_rounds_keep_the_contrastive_distribution(draft_client, target
     for cell, prob in joint.items():
         third[cell[2:3]] = third.get(cell[2:3], 0.0) + prob
     loop = SpeculativeLoop(draft_client, target_client, LoopPolicy(pipeline=True))
-    counts: Counter = Counter()
-    used = 0
-    for seed in range(TRIALS):
-        sampling = SamplingParams(temperature=temperature, seed=seed)
-        result = loop.generate(PROMPT, 4, sampling, num_draft_tokens=1, contrastive=p)
-        counts[tuple(result.token_ids)] += 1
-        used += result.stats.pipelined_rounds
+    results = run_seeds(lambda seed: loop.generate(
+        PROMPT, 4, SamplingParams(temperature=temperature, seed=seed), num_draft_tokens=1,
+        contrastive=p), TRIALS)
+    counts = Counter(tuple(r.token_ids) for r in results)
+    used = sum(r.stats.pipelined_rounds for r in results)
     assert TRIALS // 10 < used < TRIALS * 9 // 10  # both paths, each often
     thirds = Counter()
     for cell, n in counts.items():

@@ -39,6 +39,7 @@ def guess_hits(loop, seeds) -> tuple[int, int]:
     return all_accepted, agreed
 
 
+@pytest.mark.long  # a rate, not exactness (the exact draw is the next test)
 def test_coupling_makes_the_guess_agree_with_the_bonus_more_often(draft_client,
                                                                   target_client):
     def loop(couple):

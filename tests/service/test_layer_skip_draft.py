@@ -75,7 +75,11 @@ def sampled_check(cfg: DraftConfig, target_client, target_server, max_new_tokens
     first two tokens' law against the target's, accepted, drafted, engine)."""
     from collections import Counter
 
-    from tests.service.test_sampled_distribution import chi_square_p_value, target_joint
+    from tests.service.test_sampled_distribution import (
+        chi_square_p_value,
+        run_seeds,
+        target_joint,
+    )
 
     server, port, engine = create_draft(cfg)
     server.start()
@@ -85,14 +89,11 @@ def sampled_check(cfg: DraftConfig, target_client, target_server, max_new_tokens
         params = SamplingParams(temperature=1.0, top_k=6)
         expected = target_joint(target_server[1].model.backend, params,
                                 prompt=PROMPT_SAMPLED)
-        counts: Counter = Counter()
-        accepted = drafted = 0
-        for seed in range(TRIALS):
-            result = loop.generate(PROMPT_SAMPLED, max_new_tokens,
-                                   SamplingParams(1.0, 6, 1.0, seed), k)
-            counts[tuple(result.token_ids[:2])] += 1
-            accepted += result.stats.accepted_tokens
-            drafted += result.stats.drafted_tokens
+        results = run_seeds(lambda seed: loop.generate(
+            PROMPT_SAMPLED, max_new_tokens, SamplingParams(1.0, 6, 1.0, seed), k), TRIALS)
+        counts = Counter(tuple(r.token_ids[:2]) for r in results)
+        accepted = sum(r.stats.accepted_tokens for r in results)
+        drafted = sum(r.stats.drafted_tokens for r in results)
     finally:
         server.stop(0)
     p_value = chi_square_p_value(counts, expected, TRIALS)

@@ -200,6 +200,7 @@ def test_specdec_load_command_through_ray_serve(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.realmodel
+@pytest.mark.long
 def test_genai_continuous_batching_peer_under_load():
     """GenAI's pipeline, plain and speculative, in a pinned child on the real IRs: greedy
     outputs at N=2 equal the plain pipeline's for the same prompt alone."""

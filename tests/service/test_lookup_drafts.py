@@ -19,7 +19,7 @@ from coordinator.drafters.costs import LookupSettings
 from coordinator.loop import LoopStats, SpeculativeLoop
 from coordinator.loop.policy import LoopPolicy
 from specdec.sampling import SamplingParams
-from tests.service.test_sampled_distribution import chi_square_p_value, target_joint
+from tests.service.test_sampled_distribution import chi_square_p_value, run_seeds, target_joint
 
 # The tiny random models seldom repeat themselves, so the look-up's drafts from a
 # generation's own text are mostly rejected; each prompt is therefore generated twice for
@@ -133,7 +133,8 @@ def test_concurrent_hybrid_generations_equal_target_only(draft_client, target_cl
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["lookup-no-draft", "hybrid-pipelined"])
+@pytest.mark.parametrize("mode", [pytest.param("lookup-no-draft", marks=pytest.mark.long),
+                                  "hybrid-pipelined"])
 def test_sampled_lookup_keeps_the_target_distribution(draft_client, target_client,
                                                       target_server, mode):
     """Three-token joint law, with point-mass drafts from the look-up, which drafts from
@@ -144,16 +145,14 @@ def test_sampled_lookup_keeps_the_target_distribution(draft_client, target_clien
     prompt = copy_prompt(backend, params)
     expected = target_joint(backend, params, n=3, prompt=prompt)
     loop = lookup_loop(draft_client if with_draft else None, target_client, **policy)
-    counts: Counter = Counter()
-    lookup_drafted = lookup_accepted = lookup_rounds = 0
     trials = 1500
-    for seed in range(trials):
-        trial = SamplingParams(params.temperature, params.top_k, params.top_p, seed)
-        result = loop.generate(prompt, 5, trial, num_draft_tokens=3)
-        counts[tuple(result.token_ids[:3])] += 1
-        lookup_rounds += result.stats.lookup_rounds
-        lookup_drafted += result.stats.lookup_drafted_tokens
-        lookup_accepted += result.stats.lookup_accepted_tokens
+    results = run_seeds(lambda seed: loop.generate(
+        prompt, 5, SamplingParams(params.temperature, params.top_k, params.top_p, seed),
+        num_draft_tokens=3), trials)
+    counts = Counter(tuple(r.token_ids[:3]) for r in results)
+    lookup_rounds = sum(r.stats.lookup_rounds for r in results)
+    lookup_drafted = sum(r.stats.lookup_drafted_tokens for r in results)
+    lookup_accepted = sum(r.stats.lookup_accepted_tokens for r in results)
     assert lookup_rounds >= trials  # every generation used the look-up
     assert 0 < lookup_accepted < lookup_drafted  # both paths of the point mass
     p_value = chi_square_p_value(counts, expected, trials)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -14,6 +15,7 @@ from specdec.sampling import SamplingParams, process_logits
 
 PROMPT = [31, 415, 92, 65]
 TRIALS = 1500
+THREADS = 4  # seeded generations in flight at once: they share the target's passes
 
 
 def target_joint(backend, params: SamplingParams, n: int = 2,
@@ -57,19 +59,25 @@ def chi_square_p_value(counts: Counter, expected_probs: dict, n: int) -> float:
     return float(chisquare(observed, [e * scale for e in expected]).pvalue)
 
 
+def run_seeds(generate, trials: int, threads: int = THREADS) -> list:
+    """generate(seed) for seeds 0 .. trials-1, `threads` of them in flight at once through
+    the same loop (so the target batches them, as under load); results in seed order.
+    Each generation's output depends only on its seed, so the counts are those of a
+    sequential run, and the test also covers sampling under concurrency."""
+    with ThreadPoolExecutor(threads) as pool:
+        return list(pool.map(generate, range(trials), timeout=600))
+
+
 def sample_outputs(loop, prompt, params: SamplingParams, trials: int, k: int, n: int = 2):
     """The first n tokens of `trials` generations seeded 0, 1, ... (Counter), and the
     drafts accepted and drafted over all of them."""
     from dataclasses import replace
 
-    counts: Counter = Counter()
-    accepted = drafted = 0
-    for seed in range(trials):
-        result = loop.generate(prompt, n, replace(params, seed=seed), num_draft_tokens=k)
-        counts[tuple(result.token_ids)] += 1
-        accepted += result.stats.accepted_tokens
-        drafted += result.stats.drafted_tokens
-    return counts, accepted, drafted
+    results = run_seeds(lambda seed: loop.generate(prompt, n, replace(params, seed=seed),
+                                                   num_draft_tokens=k), trials)
+    counts = Counter(tuple(r.token_ids) for r in results)
+    return (counts, sum(r.stats.accepted_tokens for r in results),
+            sum(r.stats.drafted_tokens for r in results))
 
 
 @pytest.mark.slow
@@ -86,14 +94,7 @@ def test_two_token_joint_matches_target(draft_client, target_client, target_serv
     backend = target_server[1].model.backend
     expected = target_joint(backend, params)
     loop = SpeculativeLoop(draft_client, target_client, LoopPolicy(pipeline=False, top_n=top_n))
-    counts: Counter = Counter()
-    accepted = drafted = 0
-    for seed in range(TRIALS):
-        trial = SamplingParams(params.temperature, params.top_k, params.top_p, seed)
-        result = loop.generate(PROMPT, 2, trial, num_draft_tokens=k)
-        counts[tuple(result.token_ids)] += 1
-        accepted += result.stats.accepted_tokens
-        drafted += result.stats.drafted_tokens
+    counts, accepted, drafted = sample_outputs(loop, PROMPT, params, TRIALS, k)
     assert 0 < accepted < drafted  # both accept and reject paths were exercised
     p_value = chi_square_p_value(counts, expected, TRIALS)
     print(f"chi-square p = {p_value:.3f}, acceptance = {accepted / drafted:.2f}")
@@ -103,10 +104,11 @@ def test_two_token_joint_matches_target(draft_client, target_client, target_serv
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("mode", "k"),
-    [
-        (dict(pipeline=True), 1),
+    [  # pipelined-exit-K2 exercises both; the others alone are `make test-long`'s
+        pytest.param(dict(pipeline=True), 1, marks=pytest.mark.long),
         (dict(pipeline=True, confidence_exit=True, exit_threshold=0.3), 2),
-        (dict(pipeline=False, confidence_exit=True, exit_threshold=0.3), 3),
+        pytest.param(dict(pipeline=False, confidence_exit=True, exit_threshold=0.3), 3,
+                     marks=pytest.mark.long),
     ],
     ids=["pipelined-K1", "pipelined-exit-K2", "exit-K3"],
 )
@@ -118,16 +120,14 @@ def test_three_token_joint_matches_target_when_pipelined_or_exiting(
     params = SamplingParams(temperature=1.0, top_k=4)
     expected = target_joint(target_server[1].model.backend, params, n=3)
     loop = SpeculativeLoop(draft_client, target_client, LoopPolicy(**mode))
-    counts: Counter = Counter()
-    pipelined = exits = accepted = drafted = 0
-    for seed in range(TRIALS):
-        trial = SamplingParams(params.temperature, params.top_k, params.top_p, seed)
-        result = loop.generate(PROMPT, 6, trial, num_draft_tokens=k)
-        counts[tuple(result.token_ids[:3])] += 1
-        pipelined += result.stats.pipelined_rounds
-        exits += result.stats.confidence_exits
-        accepted += result.stats.accepted_tokens
-        drafted += result.stats.drafted_tokens
+    results = run_seeds(lambda seed: loop.generate(
+        PROMPT, 6, SamplingParams(params.temperature, params.top_k, params.top_p, seed),
+        num_draft_tokens=k), TRIALS)
+    counts = Counter(tuple(r.token_ids[:3]) for r in results)
+    pipelined = sum(r.stats.pipelined_rounds for r in results)
+    exits = sum(r.stats.confidence_exits for r in results)
+    accepted = sum(r.stats.accepted_tokens for r in results)
+    drafted = sum(r.stats.drafted_tokens for r in results)
     assert 0 < accepted < drafted
     assert (pipelined > 0) == bool(mode.get("pipeline"))  # the modes were exercised
     assert (exits > 0) == mode.get("confidence_exit", False)
