@@ -17,7 +17,7 @@ pi = a / (1 - a^(K+1) + a) of its rounds have drafts, the others one token.
 
 Each generation's K (0 = target-only) maximises the step's expected tokens per second,
 one generation at a time given the others' (coordinate ascent from the last step's
-choice): TurboSpec's goodput (Liu et al. 2024) with the draft's cost in it, as SpecEdge
+choice, and from the other end: none drafting, or all; the better wins): TurboSpec's goodput (Liu et al. 2024) with the draft's cost in it, as SpecEdge
 (2025) and WISP (2026) model a remote draft's, decided per generation. K falls when the
 draft is the bottleneck and when the target is; a generation whose drafts do not pay
 drafts none, and says why (`reasons`): its acceptance against the break-even acceptance
@@ -283,14 +283,17 @@ class Planner:
         start = list(default)
         for i in variable:
             start[i] = min(self._previous.get(keys[i], 0), gens[i].cap)
-        step = _Step(self, gens, start)
-        order = sorted(variable, key=lambda i: -gens[i].acceptance)
-        for _ in range(SWEEPS):
-            before = list(step.ks)
-            for i in order:
-                step.best_k(i)
-            if step.ks == before:
-                break
+        # Coordinate ascent stops at local optima, one at each end: when all draft, one
+        # generation leaving saves little (the draft's cost to the target stays while any
+        # drafts); when none does, the first to draft pays that cost alone. So it also
+        # climbs from the other end (none drafting if some did, else all at the default
+        # K), and the better step wins.
+        other = list(start)
+        drafted = any(start[i] for i in variable)
+        for i in variable:
+            other[i] = 0 if drafted else default[i]
+        step = max((self._ascend(gens, s, variable) for s in (start, other)),
+                   key=_Step.goodput)
         ks = step.ks
         if self._probe_due(step, variable):
             ks = [0 if i in variable else k for i, k in enumerate(ks)]
@@ -305,6 +308,19 @@ class Planner:
         self.last_k = max(ks, default=0)
         self._predict(gens, ks)
         return ks
+
+    def _ascend(self, gens: list[Candidate], start: list[int], variable: list[int]) -> _Step:
+        """Coordinate ascent from `start` over the variable generations, the most
+        accepted first."""
+        step = _Step(self, gens, start)
+        order = sorted(variable, key=lambda i: -gens[i].acceptance)
+        for _ in range(SWEEPS):
+            before = list(step.ks)
+            for i in order:
+                step.best_k(i)
+            if step.ks == before:
+                break
+        return step
 
     def _predict(self, gens: list[Candidate], ks: list[int]) -> None:
         """What the model expects of the step as planned (uncalibrated)."""

@@ -270,3 +270,23 @@ def test_a_request_that_set_k_is_fetched_for_only_when_greedy():
         assert engine._to_fetch(missed, [4] * 5) == [0, 1]
     finally:
         engine.close()
+
+
+def test_all_drafting_is_left_when_none_drafting_is_better_though_no_one_gains_alone():
+    """A local optimum of the coordinate ascent: with a draft that slows the target's
+    pass whenever any generation drafts (busy_cost), a generation leaving a step where
+    all draft saves only its own tokens; the climb from none drafting finds the better
+    step."""
+    planner = Planner(default_k=4, k_max=15)
+    teach(planner, busy_cost=0.03, plain_every=3)
+    g = gens(16, a=0.7)
+    stuck = planner._ascend(g, [4] * 16, list(range(16)))  # from the last step's K
+    plain = _Step(planner, g, [0] * 16)
+    assert sum(stuck.ks) > 0 and stuck.goodput() < 0.8 * plain.goodput()
+    planner._previous = {i: 4 for i in range(16)}
+    assert planner.plan(g, list(range(16))) == [0] * 16
+    # and the other way: from none drafting, a light draft for everyone is found
+    light = Planner(default_k=4, k_max=15)
+    teach(light)
+    light._previous = {i: 0 for i in range(4)}
+    assert all(k > 0 for k in light.plan(gens(4, a=0.9), list(range(4))))
