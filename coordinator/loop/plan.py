@@ -17,7 +17,8 @@ pi = a / (1 - a^(K+1) + a) of its rounds have drafts, the others one token.
 
 Each generation's K (0 = target-only) maximises the step's expected tokens per second,
 one generation at a time given the others' (coordinate ascent from the last step's
-choice, and from the other end: none drafting, or all; the better wins): TurboSpec's goodput (Liu et al. 2024) with the draft's cost in it, as SpecEdge
+choice, and from the other end: none drafting, or all; the better wins):
+TurboSpec's goodput (Liu et al. 2024) with the draft's cost in it, as SpecEdge
 (2025) and WISP (2026) model a remote draft's, decided per generation. K falls when the
 draft is the bottleneck and when the target is; a generation whose drafts do not pay
 drafts none, and says why (`reasons`): its acceptance against the break-even acceptance
