@@ -34,9 +34,11 @@ class LookupDrafter:
         self.request_k = request_k  # the generation's K when the load does not lower it
         self.cache = cache if tenant is not None else None
         self.tenant = tenant
+        # The trie indexes the context lazily, when a proposal needs it: while the
+        # planner keeps K at 0 (under load) the look-up costs the engine's steps nothing.
         self.trie = SuffixTrie(settings.depth)
-        self.trie.extend(prompt)
-        self.seen = len(prompt)  # ids of the context already in the trie
+        self.indexed = 0  # ids of the context already in the trie
+        self.seen = len(prompt)  # ids of the context already counted (prompt, output)
         self.output: list[int] = []
         self.acceptance = Acceptance(greedy)
         self.last: Lookup = NO_LOOKUP  # what the latest proposal was built from
@@ -61,6 +63,7 @@ class LookupDrafter:
             if predicted:
                 self.last = predicted
                 return predicted
+        self._index(context)
         found = self.trie.draft(context, n, s.max_match, s.min_prob)
         if self.cache is not None:
             found = better(found, self.cache.draft(self.tenant, context, n, s.max_match,
@@ -113,9 +116,14 @@ class LookupDrafter:
             self.cache.add(self.tenant, self.output)
 
     def _catch_up(self, context: Sequence[int]) -> None:
-        """Add the committed ids the trie has not seen yet."""
+        """Count the committed ids not seen yet as output."""
         if len(context) > self.seen:
-            new = list(context[self.seen:])
-            self.trie.extend(new)
-            self.output.extend(new)
+            self.output.extend(context[self.seen:])
             self.seen = len(context)
+
+    def _index(self, context: Sequence[int]) -> None:
+        """Add the context's ids the trie has not indexed yet (in order: the same trie
+        as indexing them one round at a time)."""
+        if len(context) > self.indexed:
+            self.trie.extend(context[self.indexed:])
+            self.indexed = len(context)

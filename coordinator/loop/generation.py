@@ -159,7 +159,11 @@ class Generation:
             # a look-up's (or a prediction's) drafts past what the grammar allows would
             # be rejected for certain; the model's are masked by the draft already
             drafts = self._grammatical(drafts)
-        u = torch.rand(len(drafts), generator=self.uniforms, dtype=torch.float64).tolist()
+        # No drafts, no draws (nothing to advance in the stream). A torch call lets go of
+        # the GIL, and under load the engine thread then waits for the stream threads
+        # to hand it back: a K=0 round makes none.
+        u = torch.rand(len(drafts), generator=self.uniforms,
+                       dtype=torch.float64).tolist() if drafts else []
         r = Round(self, k, drafts, self.round_index, u,
                   sent=self.committed.tokens + list(drafts.tokens))
         r.plan_request()

@@ -45,6 +45,8 @@ AMORTISE_STEPS = 4.0  # a cold draft session's catch-up, as steps of drafting it
 PROBE_EVERY = 16  # steps between probes of the draft's cost to the target, at most
 PROBE_MARGIN = 0.25  # ... only while drafting is predicted to win by less than this
 SWEEPS = 2  # coordinate-ascent passes over the generations
+FULL_SEARCH = 8  # up to this many generations, both ends are climbed every step
+OTHER_END_EVERY = 4  # ... beyond, the other end every this many steps
 # Among K whose predicted goodput is within this of the best (as a share of a
 # generation's part of the step), the largest: what the model
 # leaves out favours longer rounds (every round is a chunk that the API's proxy and the
@@ -169,12 +171,21 @@ class _Step:
         self.fed = self.sum_k = self.fetch_s = 0.0
         self.counts = [0] * (max([*ks, 0]) + 2)
         self.drafting = 0
+        self._parts: dict[tuple, tuple[float, float, float, float]] = {}
         for i, k in enumerate(ks):
             self._add(i, k, 1)
 
     def _part(self, i: int, k: int) -> tuple[float, float, float, float]:
         """Generation i drafting k: its extra tokens, drafts verified, tokens the draft
-        feeds first, and the fetch seconds it is expected to make every step wait."""
+        feeds first, and the fetch seconds it is expected to make every step wait
+        (computed once per step: the ascent asks again and again)."""
+        key = (i, k, self.gens[i].acceptance)  # _explain varies the acceptance
+        part = self._parts.get(key)
+        if part is None:
+            part = self._parts[key] = self._compute_part(i, k)
+        return part
+
+    def _compute_part(self, i: int, k: int) -> tuple[float, float, float, float]:
         g = self.gens[i]
         k = min(k, g.cap)
         # Alone, a missed pre-draft is fetched (the engine's fetch_pays, in practice
@@ -216,7 +227,10 @@ class _Step:
         rest = max(0.0, o[0] + o[1] * len(self.gens) + o[2] * self.drafting)
         if not self.drafting:
             return v + rest
-        passes = max(k for k in range(len(self.counts)) if self.counts[k]) + 1
+        top = len(self.counts) - 1
+        while not self.counts[top]:
+            top -= 1
+        passes = top + 1
         d = max(0.0, f[0] + f[1] * self.fed) + max(0.0, (passes - 1) * p[0]
                                                   + p[1] * self.sum_k)
         spread = (self.sv ** 2 + self.sf ** 2 + (passes - 1) * self.sp ** 2) ** 0.5
@@ -286,15 +300,23 @@ class Planner:
             start[i] = min(self._previous.get(keys[i], 0), gens[i].cap)
         # Coordinate ascent stops at local optima, one at each end: when all draft, one
         # generation leaving saves little (the draft's cost to the target stays while any
-        # drafts); when none does, the first to draft pays that cost alone. So it also
-        # climbs from the other end (none drafting if some did, else all at the default
-        # K), and the better step wins.
-        other = list(start)
-        drafted = any(start[i] for i in variable)
-        for i in variable:
-            other[i] = 0 if drafted else default[i]
-        step = max((self._ascend(gens, s, variable) for s in (start, other)),
-                   key=_Step.goodput)
+        # drafts); when none does, the first to draft pays that cost alone. So the step
+        # with none drafting is always in the running (one evaluation), and the ascent
+        # also climbs from the other end (none drafting if some did, else all at the
+        # default K): every step up to FULL_SEARCH generations, beyond every
+        # OTHER_END_EVERY steps (the climb's cost grows with the generations). The best
+        # step wins.
+        starts = [start]
+        if len(variable) <= FULL_SEARCH or self.steps % OTHER_END_EVERY == 0:
+            other = list(start)
+            drafted = any(start[i] for i in variable)
+            for i in variable:
+                other[i] = 0 if drafted else default[i]
+            starts.append(other)
+        steps = [self._ascend(gens, s, variable) for s in starts]
+        steps.append(_Step(self, gens, [0 if i in variable else k
+                                        for i, k in enumerate(default)]))
+        step = max(steps, key=_Step.goodput)
         ks = step.ks
         if self._probe_due(step, variable):
             ks = [0 if i in variable else k for i, k in enumerate(ks)]
