@@ -24,9 +24,23 @@ from specdec.sampling import SamplingParams
 
 
 def machine() -> str:
-    """The machine a bench ran on, for its results."""
-    return (f"{platform.machine()}, {len(os.sched_getaffinity(0))} CPUs, "
+    """The machine a bench ran on, for its results: the CPU model too, since machines
+    of one name differ (the same bench gave 1.53x on one 2-core host and 1.29x on
+    another)."""
+    return (f"{platform.machine()}, {len(os.sched_getaffinity(0))} CPUs ({cpu_model()}), "
             f"{platform.processor() or platform.system()}, Python {platform.python_version()}")
+
+
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo ("unknown CPU" where there is none)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown CPU"
 
 
 def comma_list(text: str) -> list[str]:

@@ -19,15 +19,34 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+BIND_FAILED = "Failed to bind to address"  # Serve's gRPC proxy, when its port was taken
+START_TRIES = 3
+
+
+def start_coordinator(args: list[str], timeout: float = 180):
+    """Start the coordinator with `args` on two free ports (gRPC, HTTP): (process, gRPC
+    port, HTTP port). A port free when chosen can be taken before Serve binds it (Ray's
+    own processes, in this or another test worker, pick ports too); such a start is
+    tried again on new ports, up to START_TRIES times. Any other failure raises."""
+    for attempt in range(START_TRIES):
+        port, http_port = free_port(), free_port()
+        try:
+            proc = start("coordinator", [*args, "--port", str(port),
+                                         "--http-port", str(http_port)], timeout=timeout)
+        except RuntimeError as e:
+            if BIND_FAILED not in str(e) or attempt == START_TRIES - 1:
+                raise
+            continue
+        return proc, port, http_port
+    raise AssertionError("unreachable")
+
+
 @pytest.fixture(scope="session")
 def coordinator(draft_server, target_server):
     """(gRPC address, draft engine, target engine, HTTP base URL); one Ray Serve
     coordinator for the session."""
-    http_port = free_port()
-    proc = start("coordinator", ["--draft", draft_server[0], "--target", target_server[0],
-                                 "--port", str(free_port()), "--http-port", str(http_port),
-                                 "--max-concurrency", "4"],
-                 timeout=180)
+    proc, _, http_port = start_coordinator(["--draft", draft_server[0], "--target",
+                                            target_server[0], "--max-concurrency", "4"])
     yield proc.address, draft_server[1], target_server[1], f"http://127.0.0.1:{http_port}"
     assert proc.stop() == 0, proc.output[-3000:]
 

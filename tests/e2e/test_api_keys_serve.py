@@ -12,9 +12,8 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from specdec.client import Client, SpecdecAPIError
-from specdec.launcher import start
 from specdec.v1 import generate_pb2, generate_pb2_grpc
-from tests.e2e.conftest import free_port
+from tests.e2e.conftest import start_coordinator
 
 pytestmark = pytest.mark.slow
 
@@ -27,11 +26,9 @@ def secured(draft_server, target_server, tmp_path_factory):
     (gRPC address, HTTP base URL)."""
     keys = tmp_path_factory.mktemp("auth") / "keys"
     keys.write_text(f"alice:{KEY}\nbob:{OTHER}\n")
-    http_port = free_port()
-    proc = start("coordinator", ["--draft", draft_server[0], "--target", target_server[0],
-                                 "--port", str(free_port()), "--http-port", str(http_port),
-                                 "--api-keys", str(keys), "--api-key-concurrency", "1"],
-                 timeout=180)
+    proc, _, http_port = start_coordinator([
+        "--draft", draft_server[0], "--target", target_server[0], "--api-keys", str(keys),
+        "--api-key-concurrency", "1"])
     yield proc.address, f"http://127.0.0.1:{http_port}"
     output = proc.output
     assert proc.stop() == 0, output[-3000:]

@@ -18,12 +18,11 @@ from draft_service.__main__ import create as create_draft
 from draft_service.config import DraftConfig
 from specdec import certs
 from specdec.client import Client, SpecdecAPIError
-from specdec.launcher import start
 from specdec.tls import client_tls
 from specdec.v1 import generate_pb2, generate_pb2_grpc
 from target_service.__main__ import create as create_target
 from target_service.config import TargetConfig
-from tests.e2e.conftest import free_port, sessions_released
+from tests.e2e.conftest import sessions_released, start_coordinator
 
 pytestmark = pytest.mark.slow
 
@@ -56,18 +55,15 @@ def secure(tmp_path_factory):
         model="tiny-random-draft", port=0, max_sessions=8, **fields("draft")))
     target, t_addr, t_engine = _serve(create_target, TargetConfig(
         model="tiny-random", port=0, max_sessions=8, **fields("target")))
-    port, http_port = free_port(), free_port()
     keys = tmp_path_factory.mktemp("keys") / "keys"
     keys.write_text(f"tester:{KEY}\n")
-    proc = start("coordinator", [
+    proc, port, http_port = start_coordinator([
         "--api-keys", str(keys),
-        "--draft", d_addr, "--target", t_addr, "--port", str(port),
-        "--http-port", str(http_port), "--max-concurrency", "4",
+        "--draft", d_addr, "--target", t_addr, "--max-concurrency", "4",
         "--tls-ca", ca, "--tls-cert", str(good["coordinator-client"][0]),
         "--tls-key", str(good["coordinator-client"][1]),
         "--api-tls-cert", str(good["coordinator"][0]),
-        "--api-tls-key", str(good["coordinator"][1]), "--api-tls-client-ca", ca],
-        timeout=180)
+        "--api-tls-key", str(good["coordinator"][1]), "--api-tls-client-ca", ca])
     yield {"address": f"127.0.0.1:{port}", "http": f"https://127.0.0.1:{http_port}",
            "http_port": http_port, "port": port, "draft": d_addr, "target": t_addr,
            "good": good, "other": other, "ca": ca, "engines": (d_engine, t_engine)}

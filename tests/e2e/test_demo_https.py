@@ -11,9 +11,8 @@ import httpx
 import pytest
 
 from specdec import certs
-from specdec.launcher import start
 from specdec_tools.bench import browser
-from tests.e2e.conftest import free_port
+from tests.e2e.conftest import start_coordinator
 
 pytestmark = pytest.mark.slow
 
@@ -25,12 +24,10 @@ def https(draft_server, target_server, tmp_path_factory):
     """(HTTPS base URL, CA path) of a coordinator whose client API is TLS."""
     pki = certs.make_dev_certs(tmp_path_factory.mktemp("pki"), ["127.0.0.1"], days=2,
                                roles=("coordinator",))
-    http_port = free_port()
-    proc = start("coordinator", ["--draft", draft_server[0], "--target", target_server[0],
-                                 "--port", str(free_port()), "--http-port", str(http_port),
-                                 "--max-concurrency", "4",
-                                 "--api-tls-cert", str(pki["coordinator"][0]),
-                                 "--api-tls-key", str(pki["coordinator"][1])], timeout=180)
+    proc, _, http_port = start_coordinator([
+        "--draft", draft_server[0], "--target", target_server[0], "--max-concurrency", "4",
+        "--api-tls-cert", str(pki["coordinator"][0]),
+        "--api-tls-key", str(pki["coordinator"][1])])
     yield f"https://127.0.0.1:{http_port}", str(pki["ca"][0])
     assert proc.stop() == 0, proc.output[-3000:]
 
