@@ -15,6 +15,7 @@ from coordinator.loop.plan import (
     OTHER_END_EVERY,
     PROBE_EVERY,
     PROBE_REASON,
+    Calibration,
     Candidate,
     Planner,
     _Step,
@@ -294,3 +295,18 @@ def test_all_drafting_is_left_when_none_drafting_is_better_though_no_one_gains_a
     teach(light)
     light._previous = {i: 0 for i in range(4)}
     assert all(k > 0 for k in light.plan(gens(4, a=0.9), list(range(4))))
+
+
+def test_calibration_keeps_steps_where_a_few_draft_apart_from_those_where_most_do():
+    """A step where one generation of 16 drafts delivers about what a target-only one
+    does; one where all draft can fall short of its prediction. Each share has its own
+    factor, so the second does not talk the first out of drafting."""
+    c = Calibration()
+    for _ in range(50):
+        c.observe(16, 16, 70.0, 100.0, 1.0, 1.0)  # all drafting: 0.7 of the prediction
+        c.observe(16, 2, 100.0, 100.0, 1.0, 1.0)  # two drafting: as predicted
+        c.observe(16, 0, 100.0, 100.0, 1.0, 1.0)
+    assert c.factor(16, 16) < 0.8
+    assert abs(c.factor(16, 2) - 1.0) < 0.02 and abs(c.factor(16, 0) - 1.0) < 0.02
+    assert [Calibration.share(d, 16) for d in (0, 1, 4, 5, 16)] == [0, 1, 1, 2, 2]
+    assert Calibration.share(1, 2) == 2  # with few generations, any drafting is "most"
