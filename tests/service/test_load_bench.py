@@ -170,9 +170,12 @@ def test_http_errors_are_recorded_with_the_grpc_status_names(http_api):
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_specdec_load_command_through_ray_serve(tmp_path):
     """The whole command: tiny torch pair, coordinator on Ray Serve (its HTTP port given
-    by the command), N = 1, 2, through gRPC and HTTP."""
+    by the command), N = 1, 2, through gRPC and HTTP. Long: the load core (concurrent
+    exactness, windows, SSE against gRPC, error names) is checked above in make test;
+    this adds the command's own start of the stack (~60-90 s)."""
     from specdec.cli import main
 
     out = tmp_path / "load"
