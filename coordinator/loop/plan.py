@@ -39,6 +39,7 @@ import math
 from dataclasses import dataclass
 
 from coordinator.drafters.costs import LookupSettings
+from coordinator.loop.calibration import Calibration
 from coordinator.loop.costs import Costs
 
 AMORTISE_STEPS = 4.0  # a cold draft session's catch-up, as steps of drafting it pays for
@@ -54,8 +55,6 @@ OTHER_END_EVERY = 4  # ... beyond, the other end every this many steps
 # holds long pre-drafts more often than independent draws would).
 LONGER = 0.04
 PROBE_REASON = "probing what drafting costs the target (a target-only step)"
-FEW_DRAFTING = 0.25  # Calibration: at most this share of the generations drafting is "a few"
-CALIBRATION_KEEP = 0.98  # weight of the past in the calibration's sums, per step
 PLAIN_SEEN = 2.0  # decayed target-only steps that keep the plain calibration current
 
 
@@ -104,69 +103,6 @@ def expected_max(a: float, b: float, spread: float) -> float:
     return a * cdf + b * (1.0 - cdf) + spread * pdf
 
 
-class Calibration:
-    """Tokens per second delivered over predicted, apart for steps where none, a few (at
-    most FEW_DRAFTING of the generations) or more generations draft (`share`: the
-    model's errors differ: a step where one generation drafts delivers about what a
-    target-only step does, one where all draft what the draft's pipeline does), per load
-    (live generations in powers of two, rounded: the model's errors change with the
-    batch), as decayed sums (ratios of sums: a step's luck averages out). What the model
-    leaves out (the CPU that streaming every round takes on a shared host, the steps a
-    switch to drafting costs, the acceptance model's errors) shows here and enters the
-    comparison as a measured factor. Each starts at 1, is shrunk towards 1 by `weight`
-    steps' worth of exact predictions, and a load not seen yet borrows every load's of
-    the same share."""
-
-    def __init__(self, keep: float = CALIBRATION_KEEP, weight: float = 8.0):
-        self.keep, self.weight = keep, weight
-        # (load, share) -> steps, tokens, predicted tokens, seconds, predicted seconds
-        self.sums: dict[tuple[int, int], list[float]] = {}
-
-    @staticmethod
-    def load(generations: int) -> int:
-        return round(math.log2(max(1, generations)))
-
-    @staticmethod
-    def share(drafting: int, generations: int) -> int:
-        """0: none of the step's generations drafts; 1: a few; 2: more."""
-        if drafting <= 0:
-            return 0
-        return 1 if drafting <= FEW_DRAFTING * generations else 2
-
-    def observe(self, generations: int, drafting: int, tokens: float,
-                predicted_tokens: float, seconds: float, predicted_seconds: float) -> None:
-        if predicted_tokens <= 0 or predicted_seconds <= 0 or seconds <= 0:
-            return
-        key = (self.load(generations), self.share(drafting, generations))
-        s = self.sums.setdefault(key, [0.0] * 5)
-        for j, x in enumerate((1.0, tokens, predicted_tokens, seconds, predicted_seconds)):
-            s[j] = self.keep * s[j] + x
-
-    def seen(self, generations: int, drafting: int) -> float:
-        """Decayed steps measured at this load and share."""
-        key = (self.load(generations), self.share(drafting, generations))
-        return self.sums.get(key, [0.0])[0]
-
-    def factor(self, generations: int, drafting: int) -> float:
-        share = self.share(drafting, generations)
-        s = self.sums.get((self.load(generations), share))
-        if s is None or s[0] <= 0:
-            every = [v for (_, d), v in self.sums.items() if d == share]
-            s = [sum(v[j] for v in every) for j in range(5)] if every else None
-        if s is None or s[0] <= 0:
-            return 1.0
-        n, tok, ptok, sec, psec = s
-        wt, ws = self.weight * ptok / n, self.weight * psec / n
-        rate = ((tok + wt) / (ptok + wt)) / ((sec + ws) / (psec + ws))
-        return min(max(rate, 0.5), 1.5)
-
-    def describe(self, generations: int) -> str:
-        n = max(1, generations)
-        return (f"most drafting {self.factor(n, n):.2f}, a few "
-                f"{self.factor(n, 1 if 1 <= FEW_DRAFTING * n else 0):.2f}, plain "
-                f"{self.factor(n, 0):.2f}")
-
-
 class _Step:
     """A step's aggregates, so that one generation's K changes in O(1)."""
 
@@ -178,9 +114,7 @@ class _Step:
         self.o = c.overhead.coef()
         self.sv, self.sp, self.sf = c.target.scale, c.draft_pass.scale, c.draft_first.scale
         n = len(gens)
-        cal = planner.calibration
-        self.few = FEW_DRAFTING * n
-        self.cal = (cal.factor(n, 0), cal.factor(n, 1), cal.factor(n, n))  # by share
+        self.cal = planner.calibration.factors(n)  # by Calibration.share
         self.gens, self.ks = gens, list(ks)
         self.prefill = sum(g.extra_target_tokens for g in gens)
         self.tokens = float(len(gens))
@@ -256,8 +190,7 @@ class _Step:
     def goodput(self) -> float:
         """Expected tokens per second, times what such steps (drafting or not) delivered
         of their prediction lately (Calibration)."""
-        d = self.drafting
-        factor = self.cal[0 if d <= 0 else 1 if d <= self.few else 2]
+        factor = self.cal[Calibration.share(self.drafting, len(self.gens))]
         return factor * self.tokens / max(self.seconds(), 1e-6)
 
     def best_k(self, i: int) -> int:
@@ -395,7 +328,7 @@ class Planner:
             return False
         blind = not self.costs.seen_width(len(step.gens))  # a target-only step's width
         seen = self.costs.busy_known and \
-            self.calibration.seen(len(step.gens), 0) >= PLAIN_SEEN
+            self.calibration.seen(len(step.gens), Calibration.NONE) >= PLAIN_SEEN
         if seen and not blind:
             return False
         if any(step.ks[i] > 0 and g.fixed and g.drafts_with_model

@@ -13,6 +13,7 @@ The parts, each with one job:
   coordinator.loop.calls       a step's batch calls, items isolated, failures repaired
   coordinator.loop.plan        K per generation and step, from what a step costs
   coordinator.loop.costs       what a step costs, measured
+  coordinator.loop.calibration what steps delivered of their prediction, measured
   coordinator.loop.acceptance  what a generation's drafts are worth
   coordinator.drafters         who drafts: the draft model, the look-up, the hybrid
   coordinator.remote.link             a generation's link to each service (pins, cache views)

@@ -28,17 +28,20 @@ def start_coordinator(args: list[str], timeout: float = 180):
     port, HTTP port). A port free when chosen can be taken before Serve binds it (Ray's
     own processes, in this or another test worker, pick ports too); such a start is
     tried again on new ports, up to START_TRIES times. Any other failure raises."""
-    for attempt in range(START_TRIES):
+
+    def attempt():
         port, http_port = free_port(), free_port()
-        try:
-            proc = start("coordinator", [*args, "--port", str(port),
-                                         "--http-port", str(http_port)], timeout=timeout)
-        except RuntimeError as e:
-            if BIND_FAILED not in str(e) or attempt == START_TRIES - 1:
-                raise
-            continue
+        proc = start("coordinator", [*args, "--port", str(port), "--http-port",
+                                     str(http_port)], timeout=timeout)
         return proc, port, http_port
-    raise AssertionError("unreachable")
+
+    for _ in range(START_TRIES - 1):
+        try:
+            return attempt()
+        except RuntimeError as e:
+            if BIND_FAILED not in str(e):
+                raise
+    return attempt()
 
 
 @pytest.fixture(scope="session")
