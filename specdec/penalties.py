@@ -15,6 +15,8 @@ Applied on the raw logits, in this order (vLLM's: bias, then penalties):
                         logit is > 0, logit * r otherwise
   presence, frequency   (OpenAI's formula) logit[j] -= c[j] * frequency + (c[j] > 0) *
                         presence, c[j] the count of token j among the generated tokens
+  min_tokens            (vLLM's) logit[j] = -inf for j in stop_token_ids while fewer than
+                        min_tokens tokens were generated before the row
 """
 
 from __future__ import annotations
@@ -41,6 +43,12 @@ def penalise(logits: torch.Tensor, params: SamplingParams, context: Sequence[int
         bias = torch.tensor([b for _, b in params.logit_bias], dtype=torch.float32)
         keep = ids < vocab  # a padded head may be wider than the vocabulary, not narrower
         out[:, ids[keep]] += bias[keep]
+    if params.min_tokens and params.stop_token_ids:
+        # vLLM's min_tokens: rows before the min_tokens-th generated token cannot end
+        short = min(rows, params.min_tokens - (len(context) - params.prompt_len))
+        if short > 0:
+            ids = torch.tensor(params.stop_token_ids, dtype=torch.long)
+            out[:short, ids[ids < vocab]] = float("-inf")
     if params.repetition_penalty == 1.0 and not (params.presence_penalty
                                                  or params.frequency_penalty):
         return out

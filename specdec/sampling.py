@@ -51,6 +51,10 @@ class SamplingParams:
     prompt_len: int = 0  # the session's first prompt_len tokens are the prompt (the
     # coordinator's Generation sets it)
     grammar: Grammar | None = None  # structured outputs (specdec.grammar)
+    # vLLM's min_tokens: stop_token_ids get -inf while fewer tokens than this were
+    # generated (specdec.penalties)
+    min_tokens: int = 0
+    stop_token_ids: tuple[int, ...] = ()
 
     @property
     def greedy(self) -> bool:
@@ -60,7 +64,8 @@ class SamplingParams:
     def penalised(self) -> bool:
         """Whether any logits processor of specdec.penalties is on."""
         return bool(self.presence_penalty or self.frequency_penalty or self.logit_bias
-                    or self.repetition_penalty != 1.0)
+                    or self.repetition_penalty != 1.0
+                    or (self.min_tokens > 0 and self.stop_token_ids))
 
     def validate(self) -> SamplingParams:
         """Raise InvalidArgument naming the first bad field; return self."""
@@ -86,6 +91,10 @@ class SamplingParams:
             require(token >= 0, f"sampling.logit_bias: token ids must be >= 0, got {token}")
             require(math.isfinite(bias) and -100.0 <= bias <= 100.0,
                     f"sampling.logit_bias[{token}] must be in [-100, 100], got {bias}")
+        require(self.min_tokens >= 0,
+                f"sampling.min_tokens must be >= 0 (0 = off), got {self.min_tokens}")
+        require(all(t >= 0 for t in self.stop_token_ids),
+                "sampling.stop_token_ids must be token ids (>= 0)")
         require(self.prompt_len >= 0,
                 f"sampling.prompt_len must be >= 0, got {self.prompt_len}")
         if self.grammar is not None:

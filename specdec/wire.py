@@ -30,7 +30,7 @@ def sampling_from_proto(msg: common_pb2.SamplingParams) -> SamplingParams:
                           msg.repetition_penalty or 1.0, msg.min_p,
                           tuple(sorted(msg.logit_bias.items())), msg.prompt_len,
                           grammar_from_proto(msg.grammar) if msg.HasField("grammar")
-                          else None)
+                          else None, msg.min_tokens, tuple(msg.stop_token_ids))
 
 
 def sampling_to_proto(params: SamplingParams,
@@ -43,7 +43,8 @@ def sampling_to_proto(params: SamplingParams,
         frequency_penalty=params.frequency_penalty,
         repetition_penalty=0.0 if params.repetition_penalty == 1.0
         else params.repetition_penalty, min_p=params.min_p,
-        logit_bias=dict(params.logit_bias), prompt_len=params.prompt_len)
+        logit_bias=dict(params.logit_bias), prompt_len=params.prompt_len,
+        min_tokens=params.min_tokens, stop_token_ids=list(params.stop_token_ids))
     if params.grammar is not None:
         msg.grammar.CopyFrom(grammar_to_proto(params.grammar, grammar_spec))
     return msg

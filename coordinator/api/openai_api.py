@@ -15,7 +15,8 @@ OpenAI's error shape, rather than silently ignored.
 
 specdec's own fields:
 - request extensions (the `openai` package's `extra_body`): `top_k`, `min_p`,
-  `repetition_penalty` (HF's and vLLM's, in (0, 2]; 1 = off), `num_draft_tokens`
+  `repetition_penalty` (HF's and vLLM's, in (0, 2]; 1 = off), vLLM's `ignore_eos` and
+  `min_tokens` (what load tools such as guidellm send), `num_draft_tokens`
   (K; 0 = target only), `timeout` (seconds; past it the request ends with 504),
   `decoding` ("speculative" or "contrastive") and `contrastive` ({alpha, beta,
   amateur_temperature, formulation: "obrien" | "li"}; docs/design.md, section 17);
@@ -55,7 +56,8 @@ MAX_COMPLETION_LOGPROBS = 5  # OpenAI's cap for the completions API's `logprobs`
 _COMMON = {"model", "max_tokens", "temperature", "top_p", "seed", "stop", "stream",
            "stream_options", "n", "user", "top_k", "num_draft_tokens", "timeout",
            "decoding", "contrastive", "min_p", "repetition_penalty",
-           "logprobs", "presence_penalty", "frequency_penalty", "logit_bias"} \
+           "logprobs", "presence_penalty", "frequency_penalty", "logit_bias",
+           "ignore_eos", "min_tokens"} \
     | STRUCTURED_FIELDS
 CHAT_FIELDS = _COMMON | {"messages", "max_completion_tokens", "top_logprobs", "tools",
                          "tool_choice", "functions", "function_call", "response_format",
@@ -255,6 +257,14 @@ def _common(body: dict, model: str) -> tuple[generate_pb2.GenerateRequest, Optio
         seed=(seed % 2**64) if seed is not None else secrets.randbits(63),
         repetition_penalty=0.0 if repetition == 1.0 else repetition, min_p=min_p,
         logit_bias=_logit_bias(body.get("logit_bias")), **penalties))
+    ignore_eos = body.get("ignore_eos") or False
+    if not isinstance(ignore_eos, bool):
+        raise bad("`ignore_eos` must be a boolean", "ignore_eos")
+    req.ignore_eos = ignore_eos
+    min_tokens = body.get("min_tokens", 0)
+    if not is_int(min_tokens) or not 0 <= min_tokens <= INT32_MAX:
+        raise bad("`min_tokens` must be an integer >= 0 (0 = off)", "min_tokens")
+    req.sampling.min_tokens = min_tokens
     grammar = grammar_of(body)  # structured outputs (coordinator.api.openai_structured)
     if grammar is not None:
         req.sampling.grammar.CopyFrom(wire.grammar_to_proto(grammar))

@@ -12,7 +12,7 @@ import math
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from coordinator.api.text import IncrementalDetokenizer, TextStream
 from coordinator.loop import LoopStats, SpeculativeLoop
@@ -74,6 +74,7 @@ class Plan:
     prompt_logprobs: bool = False  # ... and the prompt's
     prediction: list[int] = field(default_factory=list)  # Predicted Outputs' token ids
     guide: object = None  # the coordinator's matcher of sampling.grammar (jump-forward)
+    ignore_eos: bool = False  # vLLM's: end tokens do not end the generation
 
 
 class GenerationService:
@@ -117,6 +118,12 @@ class GenerationService:
         require(not req.prompt_logprobs or logprobs is not None,
                 "prompt_logprobs needs logprobs (0 or more alternatives per token)")
         sampling = wire.sampling_from_proto(req.sampling).validate()
+        require(sampling.min_tokens <= req.max_new_tokens,
+                f"sampling.min_tokens ({sampling.min_tokens}) must not exceed max_new_tokens "
+                f"({req.max_new_tokens})")
+        # the model's end ids, which min_tokens holds back (a client's list is ignored)
+        sampling = replace(sampling, stop_token_ids=tuple(self.eos_token_ids)
+                           if sampling.min_tokens and not req.ignore_eos else ())
         bad = [t for t, _ in sampling.logit_bias if t >= lim.vocab_size]
         require(not bad, f"sampling.logit_bias keys must be token ids in [0, "
                          f"{lim.vocab_size}), got {bad[:5]}")
@@ -149,6 +156,7 @@ class GenerationService:
         guide = self.grammars.new_state(sampling.grammar, len(ids)) \
             if sampling.grammar is not None and self.grammars is not None else None
         return Plan(ids, min(req.max_new_tokens, room), sampling, k, list(req.stop),
+                    ignore_eos=req.ignore_eos,
                     k_from_server=not req.HasField("num_draft_tokens"),
                     contrastive=contrastive, logprobs=logprobs,
                     prompt_logprobs=req.prompt_logprobs,
@@ -238,9 +246,11 @@ class GenerationService:
         stats = LoopStats()
         detok = (IncrementalDetokenizer(self.tokenizer, plan.prompt_ids)
                  if self.tokenizer is not None else None)
-        text = TextStream(plan.stop)
+        # vLLM's min_tokens: stop strings act only once min_tokens tokens are out
+        text = TextStream(plan.stop, armed=plan.sampling.min_tokens == 0)
         rounds = self.loop.rounds(plan.prompt_ids, plan.max_new_tokens, plan.sampling, plan.k,
-                                  self.eos_token_ids, stats, load_aware=plan.k_from_server,
+                                  () if plan.ignore_eos else self.eos_token_ids, stats,
+                                  load_aware=plan.k_from_server,
                                   contrastive=plan.contrastive, tenant=tenant,
                                   logprobs=plan.logprobs,
                                   prompt_logprobs=plan.prompt_logprobs,
@@ -260,6 +270,8 @@ class GenerationService:
                 # would have stopped there too).
                 pieces = []
                 for t in out.tokens:
+                    text.armed = text.armed or generated + len(pieces) + 1 >= \
+                        plan.sampling.min_tokens
                     pieces.append(text.push(detok.add([t])) if detok else "")
                     if text.stopped:
                         break

@@ -68,8 +68,11 @@ class TextStream:
     complete stop is acted on only when no longer stop could still start before it.
     """
 
-    def __init__(self, stop: Sequence[str] = ()):
+    def __init__(self, stop: Sequence[str] = (), armed: bool = True):
         self.stop = [s for s in stop if s]
+        # False: text passes through and no stop string acts yet (vLLM's min_tokens); the
+        # caller arms it at the token from which stops count
+        self.armed = armed
         self.text = ""  # everything accepted so far (cut at a stop, once found)
         self.released = 0  # characters of self.text already handed out
         self.stopped = False
@@ -92,6 +95,8 @@ class TextStream:
         if self.stopped or not delta:
             return ""
         self.text += delta
+        if not self.armed:
+            return self._release(len(self.text))
         complete, partial = self._earliest_complete(), self._earliest_partial()
         if complete is not None and (partial is None or partial >= complete):
             return self._cut(complete)

@@ -135,8 +135,9 @@ def build_service(cfg: CoordinatorConfig) -> GenerationService:
         max_concurrency=cfg.max_concurrency,
         amateur_batch_dependent=any(i.batch_dependent_logits for i in d_infos.values()),
     )
-    eos = [tokenizer.eos_token_id] if tokenizer is not None and \
-        tokenizer.eos_token_id is not None else []
+    from specdec.runtime.models import stop_token_ids
+
+    eos = stop_token_ids(cfg.model or ref.model_id, tokenizer)
     loop = SpeculativeLoop(draft, target, cfg.policy(), draft_backoff_s=cfg.draft_backoff,
                            max_propose=limits.max_draft_tokens or 1,
                            max_concurrency=cfg.max_concurrency, max_verify=max_verify)

@@ -16,6 +16,7 @@ import json
 import logging
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -151,6 +152,24 @@ def load_tokenizer(name: str):
 
     path = resolve(name)
     return AutoTokenizer.from_pretrained(path, local_files_only=True)
+
+
+def stop_token_ids(name: str, tokenizer) -> list[int]:
+    """The ids that end a generation: the tokenizer's eos, then any further ones the
+    model's generation config lists (Qwen2.5 ends a chat turn with <|im_end|> and a raw
+    completion with <|endoftext|>)."""
+    ids = [] if tokenizer is None or tokenizer.eos_token_id is None \
+        else [int(tokenizer.eos_token_id)]
+    if name not in TINY_NAMES:
+        try:
+            config = json.loads((Path(resolve(name)) / "generation_config.json").read_text())
+        except (OSError, ValueError):
+            config = {}
+        more = config.get("eos_token_id")
+        for i in more if isinstance(more, list) else [more] if more is not None else []:
+            if int(i) not in ids:
+                ids.append(int(i))
+    return ids
 
 
 def quantize_int8(loaded: LoadedModel) -> None:

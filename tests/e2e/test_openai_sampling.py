@@ -49,6 +49,30 @@ def test_each_parameter_keeps_greedy_output_and_speculation(client, model, name)
             assert spec != run(0, {})[0]  # the parameter changed the output
 
 
+def test_ignore_eos_and_min_tokens_as_vllm_keep_greedy_output(client, model):
+    """vLLM's ignore_eos and min_tokens (what guidellm sends), with a logit_bias that makes
+    the end token the argmax: alone it ends at once; ignore_eos runs to max_tokens;
+    min_tokens holds the end back for that many tokens. Speculation stays on and greedy
+    output equals target-only output."""
+    from specdec.runtime.models import TINY_VOCAB
+    from specdec.runtime.tiny_tokenizer import build
+
+    eos = build(TINY_VOCAB).eos_token_id
+
+    def run(k, **extra):
+        out = client.completions.create(
+            model=model, prompt=PROMPT, max_tokens=12, temperature=0,
+            logit_bias={str(eos): 100}, extra_body={"num_draft_tokens": k, **extra})
+        return out.choices[0].finish_reason, out.usage.completion_tokens, out.usage
+
+    assert run(4)[:2] == ("stop", 1)
+    for extra, expected in ((dict(ignore_eos=True), ("length", 12)),
+                            (dict(min_tokens=5), ("stop", 6))):
+        spec, target_only = run(4, **extra), run(0, **extra)
+        assert spec[:2] == target_only[:2] == expected, extra
+        assert spec[2].model_extra["specdec"]["drafted_tokens"] > 0
+
+
 def _chat_logprobs(client, model, k, stream=False):
     kwargs = dict(model=model, messages=MESSAGES, max_tokens=16, temperature=0,
                   logprobs=True, top_logprobs=3, extra_body={"num_draft_tokens": k})
@@ -145,6 +169,8 @@ def test_n_choices_and_a_batch_of_prompts(client, model):
     (dict(logit_bias={"5": -101}), "logit_bias"),
     (dict(presence_penalty=2.1), "presence_penalty"),
     (dict(frequency_penalty=-2.5), "frequency_penalty"),
+    (dict(extra_body={"min_tokens": -1}), "min_tokens"),
+    (dict(extra_body={"ignore_eos": "yes"}), "ignore_eos"),
 ])
 def test_bad_values_are_400_naming_the_parameter(client, model, kwargs, param):
     with pytest.raises(openai.BadRequestError) as info:

@@ -72,7 +72,23 @@ def test_out_of_range_values_name_their_field(params, field):
 
 
 def test_the_wire_carries_every_parameter():
-    params = SamplingParams(0.75, 5, 0.875, 11, 0.5, -0.25, 1.5, 0.125, ((2, -3.0), (9, 4.0)), 6)
+    params = SamplingParams(0.75, 5, 0.875, 11, 0.5, -0.25, 1.5, 0.125, ((2, -3.0), (9, 4.0)), 6,
+                            min_tokens=3, stop_token_ids=(7, 8))
     assert wire.sampling_from_proto(wire.sampling_to_proto(params)) == params
     assert wire.sampling_from_proto(wire.sampling_to_proto(SamplingParams())) == \
         SamplingParams()  # repetition 1 (off) travels as unset
+
+
+def test_min_tokens_holds_back_the_stop_ids_until_enough_were_generated():
+    """vLLM's min_tokens: a row whose generated count (context past prompt_len, then the
+    drafts before it) is below min_tokens gets -inf at the stop ids, later rows do not;
+    the draft and the target apply the same rows, so speculation stays lossless."""
+    params = SamplingParams(prompt_len=3, min_tokens=4, stop_token_ids=(5, 9))
+    logits = torch.randn(5, 12)
+    out = penalise(logits, params, [1, 2, 3, 4], drafts=[6, 6, 6, 6])  # 1 generated
+    assert torch.isinf(out[:3, [5, 9]]).all() and (out[:3, [5, 9]] < 0).all()
+    assert torch.equal(out[3:], logits[3:])  # rows 3, 4 follow 4 and 5 generated tokens
+    assert torch.equal(out[:3, :5], logits[:3, :5])  # other ids untouched
+    done = penalise(logits, params, [1, 2, 3, 4, 4, 4, 4])  # 4 generated already
+    assert torch.equal(done, logits)
+    assert process_logits(out[:1], SamplingParams())[0, [5, 9]].sum() == 0  # never argmax
