@@ -42,3 +42,21 @@ def test_off_gives_logits_that_do_not_depend_on_the_pass(ir_dir, kind):
         assert torch.allclose(rows(off, chunk), one, atol=1e-4)
     print("dynamic quantization on: max |logit change| with the pass size",
           float((rows(on, 6) - rows(on, 1)).abs().max()))
+
+
+def test_on_the_paged_backend_never_feeds_a_sequence_one_token(ir_dir):
+    """With the quantization on, a sequence fed one new token is computed another way
+    than one fed two or more; the paged backend feeds a lone token with the one before
+    it again, so a position's logits are bit-equal whatever its pass held (the target's
+    greedy output stays target-only's with int8 weights and the quantization on)."""
+    on = PagedOpenVINOBackend(ir_dir, "CPU", threads=1, model_id=TINY_DRAFT,
+                              compressed_weights=True)
+    one = rows(on, 1)
+    for chunk in (2, 3, 6):
+        assert torch.equal(rows(on, chunk), one), chunk
+    other = on.new_cache()  # a second session in the same passes changes nothing
+    on.forward(other, [5, 5, 5], keep_last=1)
+    cache = on.new_cache()
+    on.forward(cache, PROMPT, keep_last=1)
+    together = on.forward_batch([(cache, TAIL[:1], 1), (other, [8], 1)])[0]
+    assert torch.equal(together, one[:1])
