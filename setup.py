@@ -95,6 +95,7 @@ PACKAGES = sorted(
 
 setup(
     packages=PACKAGES,
-    package_data={"specdec.v1": ["*.pyi"], "coordinator.api": ["*.html"]},
+    package_data={"specdec.v1": ["*.pyi"], "coordinator.api": ["*.html"],
+                  "specdec": ["requirements/*.txt"]},  # the real pairs' part wheels
     cmdclass={"build_protos": build_protos, "build_py": build_py_with_protos},
 )

@@ -10,6 +10,7 @@ import signal
 import sys
 import threading
 from contextlib import ExitStack
+from dataclasses import replace
 from pathlib import Path
 
 log = logging.getLogger("specdec")
@@ -119,13 +120,16 @@ def up(args: argparse.Namespace) -> int:
 
 
 def stack_config(args: argparse.Namespace):
-    from specdec.pair import CONTRASTIVE_PAIR, DEFAULT_PAIR, Pair
+    from specdec.pair import CONTRASTIVE_PAIR, SERVED, Pair
     from specdec.stack import StackConfig
 
-    base = CONTRASTIVE_PAIR if getattr(args, "contrastive", False) else DEFAULT_PAIR
+    base = SERVED[args.pair]
+    if getattr(args, "contrastive", False):
+        base = replace(base, draft=base.draft.with_(
+            extra=base.draft.extra + CONTRASTIVE_PAIR.draft.extra))
 
     def spec(default, model, flags):
-        spec = default.with_(model=model, threads=args.threads)
+        spec = default.with_(model=model or default.model, threads=args.threads)
         if flags:  # replace the default's backend/weights flags
             spec = spec.with_(backend=None, weights=None, extra=tuple(flags))
         return spec
@@ -152,14 +156,22 @@ def tls_dir(args: argparse.Namespace) -> str:
 
 
 def add_stack_flags(p: argparse.ArgumentParser) -> None:
-    from specdec.pair import DEFAULT_PAIR
+    from specdec.pair import DEFAULT_PAIR, SERVED
     from specdec.stack import StackConfig
 
     d = StackConfig()
-    p.add_argument("--target-model", default=DEFAULT_PAIR.target.model,
-                   help="target model name or folder (default: %(default)s)")
-    p.add_argument("--draft-model", default=DEFAULT_PAIR.draft.model,
-                   help="draft model name or folder (default: %(default)s)")
+    p.add_argument("--pair", choices=sorted(SERVED), default="smollm2",
+                   help="the models and the weights each is served at: smollm2 = "
+                        "SmolLM2-135M drafting for itself (`specdec prepare --openvino`); "
+                        "qwen2.5-coder = Qwen2.5-Coder-0.5B drafting for -1.5B (`specdec "
+                        "prepare --pair qwen2.5-coder`) (default: %(default)s)")
+    p.add_argument("--target-model", default=None, metavar="NAME|FOLDER",
+                   help="target model: a prepared name (smollm2-135m, qwen2.5-coder-1.5b, "
+                        "qwen2.5-coder-0.5b) or a folder on disk: a Hugging Face folder (its "
+                        "IR is exported beside it on first use) or an OpenVINO IR folder; "
+                        "the coordinator takes the tokenizer from it (default: the --pair's)")
+    p.add_argument("--draft-model", default=None, metavar="NAME|FOLDER",
+                   help="draft model, as --target-model (default: the --pair's)")
     p.add_argument("--draft-arg", action="append", metavar="FLAG",
                    help="flag for the draft service, repeatable; replaces the default "
                         f"{' '.join(DEFAULT_PAIR.draft.model_flags())} "

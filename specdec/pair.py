@@ -92,6 +92,25 @@ CONTRASTIVE_PAIR = Pair("ov-fp32 target + ov-int8 draft, dynamic quantization of
                         DEFAULT_PAIR.target,
                         DEFAULT_PAIR.draft.with_(extra=("--dynamic-quantization", "off")))
 
+
+
+def _served(name: str) -> Pair:
+    """A real pair of specdec.model_pairs as served: each model at its chosen IR weights,
+    with the CPU plugin's dynamic quantization of activations on (the paged backend keeps
+    logits independent of the pass: specdec.runtime.openvino_paged._infer; off, int8
+    weights cost a full weight read per verified token)."""
+    from specdec.model_pairs import PAIRS
+
+    real = PAIRS[name]
+    return Pair(f"{name}: ov-{real.target.weights} target + ov-{real.draft.weights} draft",
+                ServiceSpec("target", real.target.name, weights=real.target.weights),
+                ServiceSpec("draft", real.draft.name, weights=real.draft.weights))
+
+
+QWEN_CODER_PAIR = _served("qwen2.5-coder")
+# What `specdec up --pair NAME` and `make demo PAIR=NAME` serve.
+SERVED = {"smollm2": DEFAULT_PAIR, "qwen2.5-coder": QWEN_CODER_PAIR}
+
 _TORCH_TARGET = DEFAULT_PAIR.target.with_(backend="torch", weights=None)
 CANDIDATES = [
     DEFAULT_PAIR,

@@ -14,8 +14,13 @@ from pathlib import Path
 SPECDEC_HOME = "SPECDEC_HOME"  # environment variable naming the cache root
 DEFAULT_HOME = Path("~/.cache/specdec")
 SMOLLM2 = "smollm2-135m"
+QWEN_CODER_TARGET = "qwen2.5-coder-1.5b"  # `specdec prepare --pair qwen2.5-coder`
+QWEN_CODER_DRAFT = "qwen2.5-coder-0.5b"
+QWEN_CODER_TOKENIZER = "qwen2.5-coder-tokenizer"  # the pair's tokenizer alone (--only)
 # Real models by name: each lives in a folder that `specdec prepare` writes.
-PREPARED_NAMES = (SMOLLM2,)
+PREPARED_NAMES = (SMOLLM2, QWEN_CODER_TARGET, QWEN_CODER_DRAFT, QWEN_CODER_TOKENIZER)
+# A model whose tokenizer is also prepared alone (a coordinator needs no weights).
+TOKENIZER_OF = {QWEN_CODER_TARGET: QWEN_CODER_TOKENIZER, QWEN_CODER_DRAFT: QWEN_CODER_TOKENIZER}
 MARKER = ".specdec-prepared.json"  # written last into a prepared folder
 FORMAT_VERSION = 1  # bump when the folder layout or the tokenizer repair changes
 
@@ -85,3 +90,12 @@ def prepared_dir(name: str) -> Path:
             "run `specdec prepare` first"
         )
     return folder
+
+
+def tokenizer_dir(name: str) -> Path:
+    """The folder to read model `name`'s tokenizer (and generation config) from: its own,
+    or, when only that is prepared, its tokenizer's alone (TOKENIZER_OF)."""
+    alone = TOKENIZER_OF.get(name)
+    if alone and not is_complete(model_dir(name)) and is_complete(model_dir(alone)):
+        return model_dir(alone)
+    return prepared_dir(name)

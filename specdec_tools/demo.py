@@ -8,6 +8,9 @@ import argparse
 from contextlib import ExitStack
 
 DEMO_PROMPT = "Explain in a few sentences why the sky is blue."
+# a coder pair answers a coding question
+DEMO_PROMPTS = {"qwen2.5-coder": "Write a Python function that returns the n-th Fibonacci "
+                                 "number iteratively, with a docstring."}
 DEMO_K = 4  # the request's K unless --k says (the README's figures are at K=4)
 
 
@@ -22,11 +25,18 @@ def demo(args: argparse.Namespace) -> int:
     from specdec_tools.bench import harness
     from specdec_tools.bench.system import BASELINE, GrpcScenario
 
-    print("== preparing the SmolLM2-135M model and its OpenVINO IRs (cached after the first "
-          "run)", flush=True)
-    folder = prepare_smollm2()
-    for weights in ("fp32", "int8"):
-        export(folder, weights, say=lambda m: print(m, flush=True))
+    if args.pair == "smollm2":
+        print("== preparing the SmolLM2-135M model and its OpenVINO IRs (cached after the "
+              "first run)", flush=True)
+        folder = prepare_smollm2()
+        for weights in ("fp32", "int8"):
+            export(folder, weights, say=lambda m: print(m, flush=True))
+    else:
+        from specdec.model_pairs import PAIRS, prepare_pair
+
+        print(f"== preparing the {args.pair} pair (cached after the first run)", flush=True)
+        prepare_pair(PAIRS[args.pair])
+    prompt = args.prompt or DEMO_PROMPTS.get(args.pair, DEMO_PROMPT)
     cfg = stack_config(args)
     k = cfg.k if cfg.k is not None else DEMO_K
     with ExitStack() as es:
@@ -37,7 +47,7 @@ def demo(args: argparse.Namespace) -> int:
             spec_sc = GrpcScenario(stub, k)
             print(f"== warming up, then generating greedily, K={k} and K=0 back to back, "
                   f"{args.repeats} times", flush=True)
-            samples = harness.run_side_by_side([spec_sc, GrpcScenario(stub, 0)], [args.prompt],
+            samples = harness.run_side_by_side([spec_sc, GrpcScenario(stub, 0)], [prompt],
                                                args.max_new_tokens, args.repeats,
                                                warmup=True, desc="demo")
     spec = next(x for x in samples if x.scenario == spec_sc.name)
@@ -65,7 +75,9 @@ def add_parser(sub) -> None:
                                    "answer greedily with K and with K=0, print both texts, "
                                    "tokens/s, speedup and acceptance, then stop everything.")
     add_stack_flags(d)
-    d.add_argument("--prompt", default=DEMO_PROMPT, help="the chat prompt")
+    d.add_argument("--prompt", default="",
+                   help=f"the chat prompt (default: {DEMO_PROMPT!r}; with --pair "
+                        "qwen2.5-coder a coding question)")
     d.add_argument("--max-new-tokens", type=int, default=96,
                    help="tokens to generate (default: %(default)s)")
     d.add_argument("--repeats", type=int, default=3,

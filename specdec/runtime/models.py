@@ -150,8 +150,13 @@ def load_tokenizer(name: str):
         return tiny_tokenizer.build(TINY_VOCAB)
     from transformers import AutoTokenizer
 
-    path = resolve(name)
-    return AutoTokenizer.from_pretrained(path, local_files_only=True)
+    return AutoTokenizer.from_pretrained(_tokenizer_path(name), local_files_only=True)
+
+
+def _tokenizer_path(name: str) -> str:
+    """Where a model's tokenizer is read: a prepared model's (or its tokenizer's alone,
+    specdec.paths.tokenizer_dir), else the folder `name`."""
+    return str(paths.tokenizer_dir(name)) if name in PREPARED_NAMES else name
 
 
 def stop_token_ids(name: str, tokenizer) -> list[int]:
@@ -162,7 +167,8 @@ def stop_token_ids(name: str, tokenizer) -> list[int]:
         else [int(tokenizer.eos_token_id)]
     if name not in TINY_NAMES:
         try:
-            config = json.loads((Path(resolve(name)) / "generation_config.json").read_text())
+            config = json.loads((Path(_tokenizer_path(name)) / "generation_config.json")
+                                .read_text())
         except (OSError, ValueError):
             config = {}
         more = config.get("eos_token_id")

@@ -182,5 +182,8 @@ def resolve_ir(model: str, weights: str, skip_layers: tuple[int, ...] = (),
     ir = ir_of(path)
     if (ir / "openvino_model.xml").exists():
         return ir, path.name
+    if (path / "config.json").exists() and not skip_layers and not head_vocab:
+        # any Hugging Face folder: exported beside it on first use, then cached
+        return export(path, weights), path.name
     raise FileNotFoundError(f"{model!r} holds no OpenVINO IR (openvino_model.xml) and no "
                             f"{ir.name} export exists next to it")

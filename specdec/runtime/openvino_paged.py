@@ -87,6 +87,10 @@ class PagedOpenVINOBackend(OpenVINOBackend):
         self._initial_blocks, self._max_blocks = initial_blocks, max_blocks
         self._prefix_on = prefix_cache
         super().__init__(*args, **kwargs)
+        # Feed no sequence one token alone (_infer) where the plugin's dynamic
+        # quantization would compute it another way. A draft turns it off: its logits
+        # never decide the output, and the second row is a cost (draft_service).
+        self.lone_token_refeed = self.batch_dependent_logits
 
     def _compile(self, core, xml: Path, device: str, config: dict):
         from openvino._offline_transformations import paged_attention_transformation
@@ -181,7 +185,7 @@ class PagedOpenVINOBackend(OpenVINOBackend):
                     self.prefix_cache.attach(cache, tokens, keep_last)
                 tokens = tokens[served:]
                 # a lone token goes with the one before it (see _infer)
-                back = 1 if self.batch_dependent_logits and len(tokens) == 1 \
+                back = 1 if self.lone_token_refeed and len(tokens) == 1 \
                     and cache.length else 0
                 feeds.append((cache, tokens, keep_last, back))
             for cache, tokens, _, back in feeds:

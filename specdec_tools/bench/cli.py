@@ -43,10 +43,22 @@ def run(args: argparse.Namespace) -> int:
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
 
-    say("== preparing the model and its OpenVINO IRs (cached)")
-    hf = prepare_smollm2()
-    target_ir, draft_ir = export(hf, "fp32", say=say), export(hf, "int8", say=say)
-    pair = pairs.DEFAULT_PAIR.with_models(args.model, args.model).with_threads(args.threads)
+    say("== preparing the models and their OpenVINO IRs (cached)")
+    draft_hf = None  # the peers' draft folder: none = the target's own, quantized
+    if args.pair == "smollm2":
+        hf = prepare_smollm2()
+        target_ir, draft_ir = export(hf, "fp32", say=say), export(hf, "int8", say=say)
+        pair = pairs.DEFAULT_PAIR.with_models(args.model, args.model)
+    else:
+        from specdec.model_pairs import PAIRS, prepare_pair
+        from specdec.paths import model_dir
+
+        real = PAIRS[args.pair]
+        irs = prepare_pair(real, log=say)
+        target_ir, draft_ir = irs["target"], irs["draft"]
+        hf, draft_hf = model_dir(real.target.name), model_dir(real.draft.name)
+        pair = pairs.SERVED[args.pair]
+    pair = pair.with_threads(args.threads)
     pair = pairs.Pair(pair.name, pair.target.with_(inference_precision=args.precision),
                       pair.draft)
     k_pipe = 4 if 4 in ks else ks[-1]
@@ -85,7 +97,8 @@ def run(args: argparse.Namespace) -> int:
             peer_list = [] if setup is None else peer_setups.start_all(
                 peers, [setup], running.cpus["target"],
                 dict(target_ir=str(target_ir), draft_ir=str(draft_ir), hf=str(hf), k=k_pipe,
-                     precision=args.precision), say)
+                     precision=args.precision, draft_hf=str(draft_hf) if draft_hf else None),
+                say)
             try:
                 passed = harness.run_side_by_side(
                     (scenarios if i == 0 else deployed) + peer_list, messages,
@@ -114,7 +127,8 @@ def run(args: argparse.Namespace) -> int:
                                                         if s.temperature == t], t)]
     meta = {"machine": machine(),
             "model": f"{args.model} (OpenVINO fp32 target computing in {args.precision}, int8 "
-                     "draft)",
+                     "draft)" if args.pair == "smollm2" else
+                     f"{pair.name}, the target computing in {args.precision}",
             "precision": args.precision,
             "prompts": len(messages), "max_new_tokens": args.max_new_tokens,
             "repeats": args.repeats, "pinned": running.pinned,

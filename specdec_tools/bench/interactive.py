@@ -98,7 +98,7 @@ def _row(s: LoadSample, kind: str, name: str, repeat: int, k: int | None) -> dic
 
 def run(args) -> int:
     from specdec import stack
-    from specdec.pair import placement
+    from specdec.pair import SERVED, placement
     from specdec_tools.bench import drain, load_peers, load_report
     from specdec_tools.bench import interactive_report as report
     from specdec_tools.bench import load as load_bench
@@ -119,8 +119,8 @@ def run(args) -> int:
             "concurrency": levels, "speedup_definition": report.SPEEDUP}
     with ExitStack() as es:
         # `specdec up`'s defaults, on free ports
-        cfg = stack.StackConfig(port=drain.free_port(), draft_port=0, target_port=0,
-                                http_port=0, pin=args.pin)
+        cfg = stack.StackConfig(pair=SERVED[args.pair], port=drain.free_port(), draft_port=0,
+                                target_port=0, http_port=0, pin=args.pin)
         tls = None
         if args.address:
             address = args.address
@@ -142,7 +142,7 @@ def run(args) -> int:
                 return Load(n, args.max_new_tokens, general, duration_s=args.duration_s)
 
             peers = load_peers.start("target-device", placement(cfg.pin)["target"],
-                                     _peer_options(), say) if "genai" in _list(args.peers) \
+                                     _peer_options(cfg.pair), say) if "genai" in _list(args.peers) \
                 else []
             try:
                 windows = load_bench.run_levels(
@@ -166,15 +166,17 @@ def run(args) -> int:
     return 1 if problems else 0
 
 
-def _peer_options() -> dict:
-    """The GenAI peer's IRs: the default pair's (SmolLM2-135M, fp32 target, int8 draft)."""
+def _peer_options(pair) -> dict:
+    """The GenAI peer's IRs: those `pair` (specdec.pair.SERVED) serves its models at."""
     from coordinator.loop.policy import DEFAULT_POLICY
-    from specdec.prepare import prepare_smollm2
-    from specdec.runtime.openvino_export import export
+    from specdec.runtime.models import resolve
+    from specdec.runtime.openvino_export import resolve_ir
 
-    hf = prepare_smollm2()
-    return dict(hf=str(hf), target_ir=str(export(hf, "fp32")),
-                draft_ir=str(export(hf, "int8")), k=DEFAULT_POLICY.k, precision="f32")
+    def ir(spec) -> str:
+        return str(resolve_ir(spec.model, spec.weights)[0])
+
+    return dict(hf=resolve(pair.target.model), target_ir=ir(pair.target),
+                draft_ir=ir(pair.draft), k=DEFAULT_POLICY.k, precision="f32")
 
 
 def add_arguments(p) -> None:
@@ -200,5 +202,13 @@ def add_arguments(p) -> None:
                         "(default: %(default)s)")
     g.add_argument("--skip-interactive", action="store_true",
                    help="only the load sweep")
+    from specdec.pair import SERVED
+
+    g.add_argument("--pair", default="smollm2", choices=sorted(SERVED),
+                   help="the pair `specdec up --pair` serves (both forms of the bench): "
+                        "the services started here, the GenAI peers' IRs and HF's folders. "
+                        "smollm2 = --model drafting for itself (fp32 target, int8 draft); "
+                        "qwen2.5-coder = Qwen2.5-Coder-0.5B drafting for -1.5B "
+                        "(default: %(default)s)")
     g.add_argument("--address", metavar="HOST:PORT",
                    help="use a running coordinator (gRPC) instead of starting the stack")

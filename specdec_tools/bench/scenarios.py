@@ -167,9 +167,10 @@ SAMPLED = {"genai-plain", "genai-speculative", "genai-plain-oob"}
 
 
 def build(kind: str, target_ir: str, draft_ir: str, hf: str, k: int, threads: int,
-          precision: str):
+          precision: str, draft_hf: str | None = None):
     """One peer by kind; `threads` 0 = the runtime's default, `precision` what the target
-    computes in (OpenVINO peers; torch computes in float32)."""
+    computes in (OpenVINO peers; torch computes in float32); `draft_hf`: HF assisted
+    generation's draft folder (None: the target's own, int8-quantized)."""
     from specdec.runtime.models import load_tokenizer
 
     tokenizer = load_tokenizer(str(hf))
@@ -191,7 +192,9 @@ def build(kind: str, target_ir: str, draft_ir: str, hf: str, k: int, threads: in
         if threads:
             torch.set_num_threads(threads)
         target, draft = load(str(hf)).model, None
-        if kind == "hf-assisted":
+        if kind == "hf-assisted" and draft_hf:
+            draft = load(str(draft_hf)).model
+        elif kind == "hf-assisted":
             loaded = load(str(hf))
             quantize_int8(loaded)
             draft = loaded.model

@@ -15,7 +15,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 K8S = REPO / "k8s"
-OVERLAYS = ("cpu", "gpu")
+OVERLAYS = ("cpu", "gpu", "qwen2.5-coder")
 COMPONENTS = ("model-pvc", "manual-scaling")
 
 # The three services: the image each runs, the module its image starts, its gRPC port.

@@ -193,7 +193,14 @@ def test_init_container_prepares_what_the_service_loads(rendered, group):
     prep = parser().parse_args(argv)
     assert prep.command == "prepare"
     svc = flags(main_container(pods)["args"])
-    if svc["--backend"] == "openvino":
+    if prep.pair:  # a real pair: this role's model, at the weights it is prepared at
+        from specdec.model_pairs import PAIRS
+
+        model = getattr(PAIRS[prep.pair], prep.only or "")
+        env = env_of(pods, main_container(pods), rendered.objs)
+        assert prep.only == group and expand(svc["--model"], env) == model.name, pods.where
+        assert svc["--weights"] == model.weights, f"{pods.where}: weights"
+    elif svc["--backend"] == "openvino":
         assert prep.openvino, f"{pods.where}: an OpenVINO service needs the IR export"
         assert svc["--weights"] in prep.weights.split(","), f"{pods.where}: weights"
     else:

@@ -133,6 +133,7 @@ def test_wheel_carries_the_generated_grpc_code(tmp_path):
         for suffix in ("_pb2.py", "_pb2_grpc.py", "_pb2.pyi"):
             assert f"specdec/v1/{stem}{suffix}" in names, f"{stem}{suffix} not in {wheel.name}"
     assert "specdec/v1/__init__.py" in names
+    assert "specdec/requirements/qwen2.5-coder.txt" in names  # `prepare --pair` reads it
     assert not any(n.startswith("protos/") for n in names)
     modules = [f"specdec.v1.{stem}{kind}" for stem in PROTOS for kind in ("_pb2", "_pb2_grpc")]
     code = ("import importlib, sys\n"

