@@ -22,7 +22,7 @@ TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 TORCH_CUDA  ?= $(if $(filter cu%,$(notdir $(patsubst %/,%,$(TORCH_INDEX)))),1,)
 TORCH_PROBE_S ?= 5
 
-.PHONY: setup protos prepare prepare-pair test-pair demo bench bench-quick bench-load test test-long test-fast test-unit test-service test-soak test-scale lint clean cuda-check browser
+.PHONY: setup protos prepare prepare-pair test-pair bench-guidellm demo bench bench-quick bench-load test test-long test-fast test-unit test-service test-soak test-scale lint clean cuda-check browser
 
 setup: $(STAMP) $(GEN)
 
@@ -96,6 +96,32 @@ bench-quick: prepare
 # speculative loop, beside GenAI's continuous batching); results in bench-results/load/.
 bench-load: prepare
 	$(BIN)/specdec load --out bench-results/load
+
+# guidellm (vLLM's users' load tool) in a venv of its own, pinned by its requirements file
+# (its dependencies are not specdec's); torch first, the CPU build, as for .venv.
+GUIDELLM := .venv-guidellm
+$(GUIDELLM)/.installed: specdec_tools/bench/guidellm/requirements.txt
+	test -x $(GUIDELLM)/bin/python || $(PYTHON) -m venv $(GUIDELLM)
+	$(GUIDELLM)/bin/pip install --disable-pip-version-check -q --index-url '$(TORCH_INDEX)' torch==2.13.0 \
+	  || $(GUIDELLM)/bin/pip install --disable-pip-version-check -q torch==2.13.0
+	$(GUIDELLM)/bin/pip install --disable-pip-version-check -q -r specdec_tools/bench/guidellm/requirements.txt
+	@if $(GUIDELLM)/bin/pip list 2>/dev/null | grep -iE '^(nvidia|cuda)-'; then \
+	  echo "error: CUDA packages in $(GUIDELLM) (above); see cuda-check" >&2; exit 1; fi
+	touch $@
+
+# guidellm against a running `specdec up` (the pair's by default): chat completions
+# streamed, 1-32 concurrent streams, its TTFT, ITL and throughput per concurrency in
+# bench-results/guidellm/ (json, csv, html). GUIDELLM_TARGET, GUIDELLM_MODEL to change.
+GUIDELLM_TARGET ?= http://127.0.0.1:8000
+GUIDELLM_MODEL ?= qwen2.5-coder-1.5b
+bench-guidellm: $(GUIDELLM)/.installed
+	mkdir -p bench-results/guidellm
+	$(GUIDELLM)/bin/guidellm run --scenario specdec_tools/bench/guidellm/pair-chat.json \
+	  --backend kind=openai_http,target=$(GUIDELLM_TARGET),model=$(GUIDELLM_MODEL) \
+	  --tokenizer kind=huggingface_auto,model=$$($(BIN)/python -c 'from specdec.paths import tokenizer_dir; print(tokenizer_dir("$(GUIDELLM_MODEL)"))') \
+	  --output kind=json,path=bench-results/guidellm/guidellm.json \
+	  --output kind=csv,path=bench-results/guidellm/guidellm.csv \
+	  --output kind=html,path=bench-results/guidellm/guidellm.html
 
 # Headless Chromium and its WebDriver (Debian's packages) for the browser test of the
 # coordinator's /demo page (tests/e2e/test_demo_page.py) and `specdec_tools.bench.demo_shot`.
