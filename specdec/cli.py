@@ -30,9 +30,10 @@ def parser() -> argparse.ArgumentParser:
 
     from specdec.certs import add_parser as add_certs
     from specdec.client_cli import add_parsers
+    from specdec.model_pairs import add_pair_flags
     from specdec.prepare import add_prepare_parser
 
-    add_prepare_parser(sub)
+    add_pair_flags(add_prepare_parser(sub))  # the real pairs: --pair, --only, --wheels
     add_parsers(sub)
     add_certs(sub)
     add_tooling = tooling_commands()

@@ -120,13 +120,14 @@ def up(args: argparse.Namespace) -> int:
 
 
 def stack_config(args: argparse.Namespace):
-    from specdec.pair import CONTRASTIVE_PAIR, SERVED, Pair
+    from specdec.pair import CONTRASTIVE_PAIR, DEFAULT_PAIR, SERVED, Pair
     from specdec.stack import StackConfig
 
     base = SERVED[args.pair]
-    if getattr(args, "contrastive", False):
-        base = replace(base, draft=base.draft.with_(
-            extra=base.draft.extra + CONTRASTIVE_PAIR.draft.extra))
+    if getattr(args, "contrastive", False):  # the pair's draft as the amateur
+        base = CONTRASTIVE_PAIR if base == DEFAULT_PAIR else replace(
+            base, name=f"{base.name}, dynamic quantization off",
+            draft=base.draft.with_(extra=base.draft.extra + CONTRASTIVE_PAIR.draft.extra))
 
     def spec(default, model, flags):
         spec = default.with_(model=model or default.model, threads=args.threads)

