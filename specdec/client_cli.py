@@ -10,7 +10,6 @@ import signal
 import sys
 import threading
 from contextlib import ExitStack
-from dataclasses import replace
 from pathlib import Path
 
 log = logging.getLogger("specdec")
@@ -120,14 +119,12 @@ def up(args: argparse.Namespace) -> int:
 
 
 def stack_config(args: argparse.Namespace):
-    from specdec.pair import CONTRASTIVE_PAIR, DEFAULT_PAIR, SERVED, Pair
+    from specdec.pair import SERVED, Pair
     from specdec.stack import StackConfig
 
     base = SERVED[args.pair]
     if getattr(args, "contrastive", False):  # the pair's draft as the amateur
-        base = CONTRASTIVE_PAIR if base == DEFAULT_PAIR else replace(
-            base, name=f"{base.name}, dynamic quantization off",
-            draft=base.draft.with_(extra=base.draft.extra + CONTRASTIVE_PAIR.draft.extra))
+        base = base.with_amateur()
 
     def spec(default, model, flags):
         spec = default.with_(model=model or default.model, threads=args.threads)

