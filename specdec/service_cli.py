@@ -107,6 +107,11 @@ def load_cached_model(cfg: ModelServiceConfig) -> CachedModel:
         seconds = model.warm_up(cfg.max_draft_tokens + 2)
         log.info("warmed up passes of 1 to %d tokens in %.2f s", cfg.max_draft_tokens + 2,
                  seconds)
+        # Only after a warm-up: the plugin reads each weight once, on its first pass.
+        release = getattr(backend, "release_mapped_weights", None)
+        if release is not None:
+            log.info("released %.0f MiB of mapped IR weights from RSS (the plugin keeps "
+                     "its own copy)", release() / 2**20)
     model.store.start_reaper()
     return model
 

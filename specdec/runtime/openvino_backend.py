@@ -121,6 +121,7 @@ class OpenVINOBackend(BackendDefaults):
             config["DYNAMIC_QUANTIZATION_GROUP_SIZE"] = 0
         self.batch_dependent_logits = compressed_weights and dynamic_quantization
         self.compiled = self._compile(core, ir_dir / IR_FILE, device, config)
+        self.weights_file = (ir_dir / IR_FILE).with_suffix(".bin")
         try:  # what the plugin resolved "auto" to, for logs and bench reports
             self.inference_precision = \
                 self.compiled.get_property("INFERENCE_PRECISION_HINT").to_string()
@@ -144,6 +145,13 @@ class OpenVINOBackend(BackendDefaults):
 
     def _compile(self, core, xml: Path, device: str, config: dict):
         return core.compile_model(str(xml), device, config)
+
+    def release_mapped_weights(self) -> int:
+        """After the passes that made the plugin repack its weights (a warm-up), drop
+        the IR file's mapped pages from RSS (specdec.runtime.mapped_weights); bytes."""
+        from specdec.runtime import mapped_weights
+
+        return mapped_weights.release(self.weights_file)
 
     def _check_head_width(self, ir_dir: Path) -> None:
         if self.head is None:

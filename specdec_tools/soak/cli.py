@@ -30,7 +30,8 @@ log = logging.getLogger("specdec_tools.soak.cli")
 
 @dataclass
 class SoakConfig:
-    models: str = "real"  # "real" (specdec.pair.DEFAULT_PAIR) | "tiny" (TINY_PAIR)
+    # "real" (specdec.pair.DEFAULT_PAIR) | "tiny" (TINY_PAIR) | a name in pair.SERVED
+    models: str = "real"
     streams: int = 32
     duration_s: float = 120.0
     lengths: list[int] = field(default_factory=lambda: [8, 16, 32, 64])
@@ -59,6 +60,12 @@ def pair_for(models: str, say=log.info):
 
     if models == "tiny":
         return pair.TINY_PAIR
+    if models in pair.SERVED and models != "smollm2":
+        from specdec.model_pairs import PAIRS, prepare_pair
+
+        say(f"preparing the {models} pair and its OpenVINO IRs (cached under $SPECDEC_HOME)")
+        prepare_pair(PAIRS[models], log=say)
+        return pair.SERVED[models]
     from specdec.prepare import prepare_smollm2
     from specdec.runtime.openvino_export import export
 
@@ -105,7 +112,7 @@ def soak(cfg: SoakConfig, say=log.info) -> dict:
     rss = Rss(topo, lambda: time.monotonic() - t0)
     try:
         say(f"starting draft, targets A and B ({pair.name}) and the coordinator")
-        topo.start(cap)
+        topo.start(cap, ["--model", pair.target.model])  # the tokenizer, as `up` names it
         rss.snap("ready")
         mix = Mix(cfg.lengths, cfg.seed, cfg.greedy_fraction, cfg.cancel_fraction,
                   cfg.stop_fraction, cfg.catalogue)
@@ -216,11 +223,13 @@ def add_parser(sub) -> None:
     p.add_argument("--short", action="store_true",
                    help="the short form: --models tiny --streams 12 --duration-s 40 "
                         "--lengths 8,24,64,128 (flags given as well override it)")
-    p.add_argument("--models", choices=["real", "tiny"], default=None,
+    p.add_argument("--models", choices=["real", "tiny", "qwen2.5-coder"], default=None,
                    help="real = the default pair (specdec.pair.DEFAULT_PAIR: SmolLM2-135M, "
                         "OpenVINO fp32 target, int8 draft; prepared under $SPECDEC_HOME as "
                         "`specdec prepare` does); tiny = the in-process tiny test models on "
-                        f"torch (default: {d.models})")
+                        "torch; qwen2.5-coder = the pair `specdec up --pair qwen2.5-coder` "
+                        "serves (prepared as `specdec prepare --pair` does) "
+                        f"(default: {d.models})")
     p.add_argument("--streams", type=int, default=None,
                    help=f"concurrent client streams (default: {d.streams})")
     p.add_argument("--duration-s", type=float, default=None,
