@@ -205,7 +205,7 @@ class OpenAIFrontend:
         tokenizer = self.service.tokenizer
         responses = Responses(kind, card.id, opts.logprobs,
                               (lambda t: tokenizer.decode([t])) if tokenizer else None)
-        choices = [Choice(i, self._echo(sub) if opts.echo else None)
+        choices = [Choice(i, self._echo(sub) if opts.echo else None, tools=opts.tools)
                    for i, sub in enumerate(subs)]
         if opts.stream:
             events = self._events(streams, firsts, choices, opts.n, responses,

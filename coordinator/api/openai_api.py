@@ -9,8 +9,9 @@ prompt's KV through the services' prefix cache), a batch of completion prompts,
 `logprobs` / `top_logprobs`, `echo` (with the prompt's log-probabilities, and
 `max_tokens` 0), `presence_penalty`, `frequency_penalty`, `logit_bias`, structured
 outputs (`response_format` and vLLM's `structured_outputs` / `guided_*`;
-coordinator.api.openai_structured) and Predicted Outputs (`prediction`). What OpenAI's
-API has and specdec does not (tools) is refused with a 400 naming the parameter, in
+coordinator.api.openai_structured), Predicted Outputs (`prediction`) and function tools
+(`tools`, `tool_choice`, `parallel_tool_calls`; coordinator.api.openai_tools). What OpenAI's
+API has and specdec does not is refused with a 400 naming the parameter, in
 OpenAI's error shape, rather than silently ignored.
 
 specdec's own fields:
@@ -33,6 +34,7 @@ from __future__ import annotations
 import secrets
 from dataclasses import dataclass, replace
 
+from coordinator.api import openai_tools
 from coordinator.api.openai_errors import APIError, bad, check_unicode, is_int, number
 from coordinator.api.openai_structured import STRUCTURED_FIELDS, grammar_of
 from specdec import wire
@@ -78,6 +80,7 @@ class Options:
     echo: bool = False  # completions: the prompt comes first in text and logprobs
     # completions: a batch of prompts (each a string or token ids); () = the request's own
     prompts: tuple = ()
+    tools: bool = False  # chat: the output may hold tool calls (the response parses them)
 
 
 # -- requests ----------------------------------------------------------------------------
@@ -86,14 +89,7 @@ class Options:
 def chat_request(body, model: str) -> tuple[generate_pb2.GenerateRequest, Options]:
     body = _object(body, CHAT_FIELDS)
     req, opts = _common(body, model)
-    for name in ("tools", "functions"):
-        if body.get(name):
-            raise bad(f"`{name}` is not supported: specdec does not call tools", name,
-                      "unsupported_parameter")
-    for name in ("tool_choice", "function_call"):
-        if body.get(name) not in (None, "none"):
-            raise bad(f"`{name}` is not supported: specdec does not call tools", name,
-                      "unsupported_parameter")
+    opts = replace(opts, tools=openai_tools.apply(body, req))
     top = body.get("top_logprobs")
     logprobs = body.get("logprobs")
     if logprobs is not None and not isinstance(logprobs, bool):
@@ -121,8 +117,9 @@ def chat_request(body, model: str) -> tuple[generate_pb2.GenerateRequest, Option
         raise bad("`messages` must be a non-empty list of {role, content} objects",
                   "messages", "missing_required_parameter" if messages is None else
                   "invalid_value")
+    calls: set[str] = set()
     for i, m in enumerate(messages):
-        req.messages.append(_message(m, i))
+        req.messages.append(_message(m, i, calls))
     return req, opts
 
 
@@ -370,15 +367,21 @@ def _max_tokens(req: generate_pb2.GenerateRequest, value, param: str,
     req.max_new_tokens = value
 
 
-def _message(m, i: int) -> generate_pb2.ChatMessage:
+def _message(m, i: int, calls: set[str]) -> generate_pb2.ChatMessage:
+    """One chat turn; `calls`: the tool call ids of earlier assistant turns (grows)."""
     if not isinstance(m, dict):
         raise bad(f"messages[{i}] must be an object with role and content", f"messages[{i}]")
     role = m.get("role")
+    if role == "tool":
+        return openai_tools.tool_turn(m, i, calls)
     if role not in ROLES:
-        raise bad(f"messages[{i}].role must be one of {', '.join(ROLES)}, got {role!r}"
-                  + (" (tool calls are not supported)" if role in ("tool", "function") else ""),
-                  f"messages[{i}].role")
+        raise bad(f"messages[{i}].role must be one of {', '.join(ROLES)} or tool, got "
+                  f"{role!r}", f"messages[{i}].role")
+    tool_calls = openai_tools.assistant_calls(m, i) if role == "assistant" else []
+    calls.update(c.id for c in tool_calls)
     content = m.get("content")
+    if content is None and tool_calls:
+        content = ""
     if isinstance(content, list):  # content parts: text only
         texts = []
         for j, part in enumerate(content):
@@ -391,4 +394,4 @@ def _message(m, i: int) -> generate_pb2.ChatMessage:
     if not isinstance(content, str):
         raise bad(f"messages[{i}].content must be a string or a list of text parts",
                   f"messages[{i}].content")
-    return generate_pb2.ChatMessage(role=ROLES[role], content=content)
+    return generate_pb2.ChatMessage(role=ROLES[role], content=content, tool_calls=tool_calls)

@@ -7,12 +7,14 @@ keys it keeps in `model_extra` (see coordinator.api.openai_api for the list).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import secrets
 import time
 
 from coordinator.api.openai_api import FINISH_REASONS, KIND_NAMES
 from specdec.messages import message_fields
+from specdec.tool_calls import Arguments, CallStart, Content, ToolCallParser, fold
 from specdec.v1 import generate_pb2
 
 CHAT, COMPLETION = "chat", "completion"
@@ -94,10 +96,14 @@ def merged(stats: list[generate_pb2.GenerationStats],
 
 class Choice:
     """One choice of a response as it streams: its index, the prompt text it echoes
-    (completions' `echo`) and where its text stands (completions' text_offset)."""
+    (completions' `echo`), where its text stands (completions' text_offset) and, when
+    the output may hold tool calls, their parser and how many it has started."""
 
-    def __init__(self, index: int = 0, echo: str | None = None, offset: int = 0):
+    def __init__(self, index: int = 0, echo: str | None = None, offset: int = 0,
+                 tools: bool = False):
         self.index, self.echo, self.offset = index, echo, offset
+        self.parser = ToolCallParser() if tools else None
+        self.calls = 0
 
 
 class Responses:
@@ -164,9 +170,16 @@ class Responses:
             reason = FINISH_REASONS.get(r.finish_reason, r.finish_reason)
             logprobs = self._logprobs(r, choice, True)
             if self.kind == CHAT:
-                body["choices"].append({"index": choice.index, "message": {
-                    "role": "assistant", "content": r.text}, "finish_reason": reason,
-                    "logprobs": logprobs})
+                message = {"role": "assistant", "content": r.text}
+                if choice.parser is not None:
+                    parsed = fold(choice.parser.feed(r.text) + choice.parser.finish())
+                    if parsed.calls:
+                        message = {"role": "assistant", "content": parsed.content or None,
+                                   "tool_calls": [self._call(choice, i, c.name, c.arguments)
+                                                  for i, c in enumerate(parsed.calls)]}
+                        reason = "tool_calls" if reason == "stop" else reason
+                body["choices"].append({"index": choice.index, "message": message,
+                                        "finish_reason": reason, "logprobs": logprobs})
             else:
                 body["choices"].append({"index": choice.index,
                                         "text": (choice.echo or "") + r.text,
@@ -183,8 +196,11 @@ class Responses:
         logprobs = self._logprobs(chunk, choice, first)
         if self.kind == CHAT:
             body = self._envelope("chat.completion.chunk")
-            delta = {"role": "assistant", "content": chunk.text} if first else \
-                {"content": chunk.text}
+            delta = {"content": chunk.text}
+            if choice.parser is not None:
+                delta, reason = self._tool_delta(chunk, choice, reason)
+            if first:
+                delta = {"role": "assistant", **delta}
             body["choices"] = [{"index": choice.index, "delta": delta,
                                 "finish_reason": reason, "logprobs": logprobs}]
         else:
@@ -194,6 +210,35 @@ class Responses:
                                 "finish_reason": reason, "logprobs": logprobs}]
         body["specdec"] = tokens(chunk)
         return body
+
+    def _call(self, choice: Choice, i: int, name: str, arguments: str | None) -> dict:
+        """A call in OpenAI's shape; its id is the same in a stream and a unary body."""
+        digest = hashlib.sha256(f"{self.id}/{choice.index}/{i}".encode()).hexdigest()[:24]
+        call = {"id": f"call_{digest}", "type": "function",
+                "function": {"name": name, "arguments": arguments or ""}}
+        return call if arguments is not None else {"index": i, **call}
+
+    def _tool_delta(self, chunk, choice: Choice, reason: str | None) -> tuple[dict, str]:
+        """The chunk's text through the choice's tool-call parser: content, and
+        tool_calls deltas (a call's id and name first, then pieces of its arguments)."""
+        events = choice.parser.feed(chunk.text)
+        if chunk.finish_reason:
+            events += choice.parser.finish()
+        content, calls = "", []
+        for e in events:
+            if isinstance(e, Content):
+                content += e.text
+            elif isinstance(e, CallStart):
+                calls.append(self._call(choice, e.index, e.name, None))
+                choice.calls += 1
+            elif isinstance(e, Arguments):
+                calls.append({"index": e.index, "function": {"arguments": e.text}})
+        delta: dict = {"content": content or None} if content or not calls else {}
+        if calls:
+            delta["tool_calls"] = calls
+        if reason == "stop" and choice.calls:
+            reason = "tool_calls"
+        return delta, reason
 
     def usage_chunk(self, stats: generate_pb2.GenerationStats) -> dict:
         """`stream_options.include_usage`: the last chunk, empty choices and the usage."""

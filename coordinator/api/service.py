@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 
 from coordinator.api.text import IncrementalDetokenizer, TextStream
 from coordinator.loop import LoopStats, SpeculativeLoop
-from specdec import wire
+from specdec import chat_template, wire
 from specdec.contrastive import ContrastiveParams
 from specdec.errors import (
     DeadlineExceeded,
@@ -32,7 +32,7 @@ from specdec.messages import message_from
 from specdec.sampling import SamplingParams
 from specdec.v1 import generate_pb2
 
-CHAT_ROLES = ("system", "user", "assistant")
+CHAT_ROLES = ("system", "user", "assistant", "tool")
 MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 256
 
@@ -215,9 +215,8 @@ class GenerationService:
             for i, m in enumerate(req.messages):
                 require(m.role in CHAT_ROLES, f"messages[{i}].role must be one of "
                                               f"{', '.join(CHAT_ROLES)}, got {m.role!r}")
-            chat = [{"role": m.role, "content": m.content} for m in req.messages]
-            text = self.tokenizer.apply_chat_template(chat, tokenize=False,
-                                                      add_generation_prompt=True)
+            text = chat_template.render(self.tokenizer, chat_template.turns(req.messages),
+                                        chat_template.tools_of(req.tools))
         else:
             text = req.prompt
         return list(self.tokenizer.encode(text, add_special_tokens=False))
@@ -338,3 +337,4 @@ def add_chunk(resp: generate_pb2.GenerateResponse, chunk: generate_pb2.GenerateC
     if chunk.finish_reason:
         resp.finish_reason = chunk.finish_reason
         resp.stats.CopyFrom(chunk.stats)
+

@@ -131,7 +131,9 @@ BAD = [
     ({"logit_bias": {"99999999": 1}}, 400, "logit_bias"),  # beyond the vocabulary
     ({"logit_bias": {"token": 1}}, 400, "logit_bias"),
     ({"presence_penalty": -3}, 400, "presence_penalty"),
-    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools"),
+    ({"tools": [{"type": "function", "function": {"name": "f"}}],
+      "tool_choice": {"type": "function", "function": {"name": "g"}}}, 400, "tool_choice"),
+    ({"tools": [{"type": "function", "function": {"name": "f g"}}]}, 400, "tools"),
     ({"model": "gpt-4o"}, 404, "model"),
     ({"model": None}, 400, "model"),
     ({"temperature": 3}, 400, "temperature"),
@@ -140,7 +142,8 @@ BAD = [
     ({"max_tokens": 10**6}, 400, None),  # the service's cap, named by its message
     ({"frequency_penalty": 2.5}, 400, "frequency_penalty"),
     ({"messages": []}, 400, "messages"),
-    ({"messages": [{"role": "tool", "content": "x"}]}, 400, "messages[0].role"),
+    ({"messages": [{"role": "tool", "content": "x"}]}, 400, "messages[0].tool_call_id"),
+    ({"messages": [{"role": "function", "content": "x"}]}, 400, "messages[0].role"),
     ({"num_draft_tokens": 99}, 400, None),
     ({"stop": [1, 2]}, 400, "stop"),
     ({"bogus": 1}, 400, "bogus"),
