@@ -153,7 +153,9 @@ class ToolCallParser:
         # args: everything up to the closing tag, less the call's own closing brace
         close = buf.find(CLOSE)
         if close >= 0 or final:
-            body = (buf[:close] if close >= 0 else buf).rstrip()
+            # cut short (max tokens): the start of a closing tag is not an argument
+            body = (buf[:close] if close >= 0 else
+                    buf[:len(buf) - _partial_suffix(buf, CLOSE)]).rstrip()
             args = body[:-1].rstrip() if body.endswith("}") else body
             self._args(out, args)
             self._calls += 1
@@ -207,9 +209,12 @@ def call_schema(name: str, parameters: dict | None) -> dict:
             "x-guidance": JSON_OPTIONS}
 
 
-def grammar_for(tools: list[dict], choice: str, parallel: bool = True) -> Grammar | None:
+def grammar_for(tools: list[dict], choice: str, parallel: bool = True,
+                answer: dict | None = None) -> Grammar | None:
     """The Lark grammar for `tools` ([{name, parameters}]) under `choice`: "auto",
-    "required", or a tool's name; None for "none" (the text is not constrained)."""
+    "required", or a tool's name; None for "none" (the text is not constrained).
+    `answer`: with "auto", a JSON schema the answer must follow when the model calls no
+    tool (a structured output beside tools); the answer is then that JSON or calls."""
     if choice == "none":
         return None
     if choice not in ("auto", "required"):
@@ -219,13 +224,15 @@ def grammar_for(tools: list[dict], choice: str, parallel: bool = True) -> Gramma
              for i, t in enumerate(tools)]
     more = ' ("\\n" call)*' if parallel else ""
     body = f'"\\n" ({" | ".join(f"fn_{i}" for i in range(len(tools)))}) "\\n{CLOSE}"'
-    lines = ["%llguidance {}",
-             # auto: the text ends at the first opening (a lazy lexeme), or has none
-             f"start: (TEXT | head body{more})?" if choice == "auto" else f"start: call{more}",
-             f'call: "{OPEN}" body',
-             f"body: {body}",
-             *rules]
-    if choice == "auto":
+    if choice != "auto":
+        start = f"start: call{more}"
+    elif answer is not None:
+        start = f"start: answer | call{more}"
+        rules.append(f"answer: %json {json.dumps({**answer, 'x-guidance': JSON_OPTIONS})}")
+    else:  # the text ends at the first opening (a lazy lexeme), or has none
+        start = f"start: (TEXT | head body{more})?"
+    lines = ["%llguidance {}", start, f'call: "{OPEN}" body', f"body: {body}", *rules]
+    if choice == "auto" and answer is None:
         lines += [f"head[lazy]: /(?s:.*){re.escape(OPEN)}/",
                   f"TEXT: /(?s:.+)/ & ~/(?s:.*){re.escape(OPEN)}(?s:.*)/"]
-    return Grammar("lark", "\n".join(lines) + "\n")
+    return Grammar.of("lark", "\n".join(lines) + "\n")

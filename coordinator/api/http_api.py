@@ -76,7 +76,7 @@ async def route_error(request, exc) -> JSONResponse:
     as an exception handler of the app."""
     status = getattr(exc, "status_code", 500)
     message = {404: f"no route {request.url.path}; the API is at /v1/chat/completions, "
-                    "/v1/completions and /v1/models",
+                    "/v1/completions, /v1/responses and /v1/models",
                405: f"{request.method} is not allowed on {request.url.path}"}.get(
         status, str(getattr(exc, "detail", "")) or "request failed")
     err = APIError(status, message, "invalid_request_error", None, ROUTE_ERRORS.get(status))
@@ -146,10 +146,17 @@ class OpenAIFrontend:
         return await self._generate(request, COMPLETION)
 
     async def _generate(self, request: Request, kind: str) -> Response:
+        return await self.holding(
+            request, lambda held, tenant: self._respond(request, kind, held, tenant))
+
+    async def holding(self, request: Request, respond) -> Response:
+        """`await respond(held, tenant)` holding the caller's API-key slot in `held`
+        until the response is over (a stream closes it when it ends); any failure is
+        answered in OpenAI's shape."""
         held = ExitStack()  # the API key's slot: released when the response is over
         try:
             tenant = held.enter_context(self._admit(request)) or ""  # the key's name
-            response = await self._respond(request, kind, held, tenant)
+            response = await respond(held, tenant)
         except BaseException as exc:
             held.close()
             if isinstance(exc, Exception):

@@ -10,6 +10,9 @@ history, and the grammar that constrains calls (specdec.tool_calls.grammar_for).
   tools), "required", or {"type": "function", "function": {"name": ...}} naming one;
   a name that is not among the tools is a 400 naming `tool_choice`.
 - `parallel_tool_calls` (default true): false allows one call per response.
+- with `response_format` (a JSON schema or json_object) and "auto", an answer that is
+  not a call must be that JSON (what agent SDKs send for a typed final output);
+  "required" and named calls leave no room for an answer, and "none" keeps the format.
 - messages: an assistant turn may carry `tool_calls` (content may then be null), and a
   `tool` turn answers one of them by `tool_call_id`; an id that answers no earlier
   call is a 400 naming that message.
@@ -95,17 +98,30 @@ def apply(body: dict, req: generate_pb2.GenerateRequest) -> bool:
     choice = _choice("auto" if choice is None else choice,
                      [t["function"]["name"] for t in tools])
     req.tools = json.dumps(tools, ensure_ascii=False)
-    grammar = grammar_for([t["function"] for t in tools], choice, parallel)
+    answer = _answer_schema(req) if choice == "auto" else None
+    grammar = grammar_for([t["function"] for t in tools], choice, parallel, answer)
     if grammar is None:
-        return False
-    if req.sampling.HasField("grammar"):
-        raise bad("`response_format` (or another structured output) and `tools` with "
-                  'tool_choice other than "none" cannot be combined', "tool_choice")
+        return False  # "none": a structured output, if any, stays as it is
     error = check(grammar)
     if error:
         raise bad(f"`tools` cannot be used as a grammar: {error}", "tools")
     req.sampling.grammar.CopyFrom(wire.grammar_to_proto(grammar))
     return True
+
+
+def _answer_schema(req: generate_pb2.GenerateRequest) -> dict | None:
+    """The JSON schema a structured output (response_format) sets for an answer that is
+    not a call; None without one. Other structured outputs do not combine with tools."""
+    if not req.sampling.HasField("grammar"):
+        return None
+    grammar = wire.grammar_from_proto(req.sampling.grammar)
+    if grammar.kind == "json_object":
+        return {"type": "object"}
+    if grammar.kind == "json_schema":
+        return json.loads(grammar.spec)
+    raise bad(f"a {grammar.kind} structured output cannot be combined with tools (a JSON "
+              'schema or json_object can); send tool_choice "none" or drop one',
+              "tool_choice")
 
 
 def tool_turn(m: dict, i: int, calls: set[str]) -> generate_pb2.ChatMessage:

@@ -37,9 +37,12 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from coordinator.api.auth import APIKeys, metadata_value
 from coordinator.api.bridge import close_after, next_in_thread
 from coordinator.api.http_api import OpenAIFrontend, route_error
+from coordinator.api.response_store import ResponseStore
+from coordinator.api.responses_http import ResponsesFrontend
 from coordinator.api.service import add_chunk
 from specdec.errors import grpc_status
 from specdec.metrics import PORT_TRIES, PrometheusLoopMetrics
+from specdec.paths import default_home
 from specdec.v1 import generate_pb2
 
 log = logging.getLogger("coordinator")
@@ -130,6 +133,9 @@ class CoordinatorReplica:
                      ", ".join(self.auth.names))
         self.http = OpenAIFrontend(self.service, self.executor, cfg.request_timeout,
                                    self.auth)
+        self.responses = ResponsesFrontend(self.http, ResponseStore(
+            cfg.response_store or default_home() / "responses.sqlite3",
+            cfg.response_store_max, cfg.response_store_max_age))
 
     def __del__(self):
         # Serve calls this when it retires the replica: free the metrics port.
@@ -146,6 +152,18 @@ class CoordinatorReplica:
     @HTTP.post("/v1/completions")
     async def completions(self, request: Request):
         return await self.http.completions(request)
+
+    @HTTP.post("/v1/responses")
+    async def responses_create(self, request: Request):
+        return await self.responses.create(request)
+
+    @HTTP.get("/v1/responses/{response_id}")
+    def responses_retrieve(self, response_id: str):
+        return self.responses.retrieve(response_id)
+
+    @HTTP.delete("/v1/responses/{response_id}")
+    def responses_delete(self, response_id: str):
+        return self.responses.delete(response_id)
 
     @HTTP.get("/v1/models")
     def models(self, request: Request):

@@ -76,6 +76,10 @@ class CoordinatorConfig:
     graceful_shutdown_timeout: float = 660.0  # a draining replica's generations finish
     expose_replicas: bool = False  # GenerationStats say who served (internal names)
     metrics_port: int = 0  # 0 = no metrics; each Serve replica serves its own
+    # The Responses API's store (coordinator.api.response_store): "" = under SPECDEC_HOME
+    response_store: str = ""
+    response_store_max: int = 10_000
+    response_store_max_age: float = 30 * 24 * 3600.0
     log_level: str = "INFO"
 
     def to_dict(self) -> dict:
@@ -91,7 +95,7 @@ class CoordinatorConfig:
 # application's args leave them at their defaults: file paths of mounted Secrets, which
 # belong to the pod (k8s/components/tls, api-keys) rather than to the Serve config.
 ENV_FIELDS = ("tls_ca", "tls_cert", "tls_key", "tls_server_name", "api_keys",
-              "api_key_concurrency")
+              "api_key_concurrency", "response_store")
 
 
 def with_environment(config: dict, environ=None) -> dict:
@@ -303,6 +307,17 @@ def parser() -> argparse.ArgumentParser:
                         "http://0.0.0.0:PORT/metrics (a replica finding it taken, e.g. a "
                         "second one on the node, tries PORT+1 .. PORT+7); 0 = off "
                         "(default: %(default)s)")
+    p.add_argument("--response-store", default="", metavar="PATH",
+                   help="the Responses API's store of responses and their conversations "
+                        "(store: true, previous_response_id): an SQLite file every "
+                        "coordinator replica opens; replicas on several nodes need it on "
+                        "a volume they all mount (default: $SPECDEC_HOME/responses.sqlite3)")
+    p.add_argument("--response-store-max", type=int, default=10_000, metavar="N",
+                   help="stored responses kept; past it the oldest go (default: %(default)s)")
+    p.add_argument("--response-store-max-age", type=float, default=30 * 24 * 3600.0,
+                   metavar="SECONDS",
+                   help="a stored response older than this is gone (404), as OpenAI's "
+                        "expire after 30 days (default: %(default)s)")
     p.add_argument("--log-level", default="INFO",
                    choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="(default: %(default)s)")
     return p
@@ -317,9 +332,12 @@ def from_args(argv: list[str] | None = None) -> CoordinatorConfig:
         p.error(f"--exit-target-acceptance must be in (0, 1), got {ns.exit_target_acceptance}")
     for flag, value, low in (("--lookup-k", ns.lookup_k, 0), ("--lookup-cache",
                                                               ns.lookup_cache, 0),
-                             ("--lookup-min-match", ns.lookup_min_match, 1)):
+                             ("--lookup-min-match", ns.lookup_min_match, 1),
+                             ("--response-store-max", ns.response_store_max, 1)):
         if value < low:
             p.error(f"{flag} must be >= {low}, got {value}")
+    if ns.response_store_max_age <= 0:
+        p.error(f"--response-store-max-age must be > 0, got {ns.response_store_max_age}")
     return CoordinatorConfig(**{f.name: getattr(ns, f.name) for f in fields(CoordinatorConfig)})
 
 

@@ -265,3 +265,38 @@ def test_demo_json_schema_mode_refuses_a_bad_schema(coordinator, card):
         assert not driver.find_element("id", "json-spec").is_displayed()
         last = json.loads(driver.execute_script("return window.posts")[-1])
         assert "response_format" not in last
+
+
+def test_demo_tools_mode_shows_the_call_its_result_and_the_answer(coordinator, card):
+    """Tools mode: the page sends its sample tool; with tool_choice required the model
+    calls it (arguments by the schema), the page runs it, shows call and result, and
+    streams the answer to the result; the speculative and target-only calls agree."""
+    from selenium.webdriver.support.ui import Select
+
+    with chromium() as driver:
+        browser.open_demo(driver, coordinator[3])
+        Select(driver.find_element("id", "output")).select_by_value("tools")
+        assert driver.find_element("id", "tool-choice").is_displayed()
+        assert driver.find_element("id", "prompt").get_attribute("value").startswith(
+            "What is the weather")
+        Select(driver.find_element("id", "tool-choice")).select_by_value("required")
+        record_posts(driver)
+        state = browser.generate(driver, prompt="Weather in Lisbon?", k=4, temperature=0,
+                                 max_tokens=96, seed=1, compare=True, timeout=TIMEOUT_S)
+        SHOTS.mkdir(parents=True, exist_ok=True)
+        driver.save_screenshot(str(SHOTS / "demo-tools.png"))
+        assert state == "done", browser.text(driver, "error")
+        calls = {p: browser.text(driver, f"calls-{p}") for p in ("spec", "target")}
+        finals = {p: driver.find_element("id", f"final-{p}").is_displayed()
+                  for p in ("spec", "target")}
+        posts = [json.loads(b) for b in driver.execute_script("return window.posts")]
+
+    assert [p["tool_choice"] for p in posts] == ["required", "none", "required", "none"]
+    assert posts[0]["tools"][0]["function"]["name"] == "get_weather"
+    follow = posts[1]["messages"]
+    assert follow[-2]["tool_calls"][0]["function"]["name"] == "get_weather"
+    assert follow[-1]["role"] == "tool" and "temperature_c" in follow[-1]["content"]
+    for pane, text in calls.items():
+        assert text.startswith("called get_weather({") and "-> {" in text, (pane, text)
+        assert finals[pane]
+    assert calls["spec"] == calls["target"]  # greedy: the same call either way

@@ -47,6 +47,7 @@ RECORDED = [
     "text <tool_call>not json</tool_call> more",
     call("add", '{"a": 1, "b": 2}') + "\nand some text after",
     '<tool_call>\n{"name": "cut", "arguments": {"a": "unfinished',
+    '<tool_call>\n{"name": "cut", "arguments": {"a": 1}}\n</tool',
     '<tool_call>\n{"name":"tight","arguments":{"k":1}}\n</tool_call>',
     "",
 ]
@@ -72,7 +73,8 @@ def test_whole_texts_parse_to_their_calls():
     assert parse(RECORDED[6]) == Parsed(RECORDED[6], [])  # not a call: kept as text
     assert parse(RECORDED[7]).content == "\nand some text after"
     assert parse(RECORDED[8]).calls == [ToolCall("cut", '{"a": "unfinished')]
-    assert parse(RECORDED[9]).calls == [ToolCall("tight", '{"k":1}')]
+    assert parse(RECORDED[9]).calls == [ToolCall("cut", '{"a": 1}')]  # cut in the tag
+    assert parse(RECORDED[10]).calls == [ToolCall("tight", '{"k":1}')]
     for calls in (parse(t).calls for t in RECORDED[:4]):
         assert all(isinstance(json.loads(c.arguments), dict) for c in calls)
 
@@ -141,6 +143,16 @@ def test_auto_leaves_text_free_until_the_opening_then_constrains():
     assert allowed(g, "Let me add.\n" + call("add", '{"a": 1, "b": 2}'))
     assert not allowed(g, "Let me add.\n<tool_call>\nadd(1, 2)")
     assert not allowed(g, call("add", '{"a": 1}'))  # b is required
+
+
+def test_auto_with_an_answer_schema_allows_that_json_or_calls():
+    g = grammar_for([WEATHER, ADD], "auto", answer={
+        "type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]})
+    assert check(g) == ""
+    assert allowed(g, '{"ok": true}')
+    assert allowed(g, call("add", '{"a": 1, "b": 2}'))
+    assert not allowed(g, "free text")
+    assert not allowed(g, '{"ok": "yes"}')
 
 
 def test_none_has_no_grammar_and_a_bad_schema_does_not_compile():

@@ -52,6 +52,17 @@ def test_tools_and_choice_reach_the_request_with_their_grammar():
     assert not opts.tools
 
 
+def test_a_json_answer_combines_with_auto_and_yields_to_forced_calls():
+    fmt = {"type": "json_schema", "json_schema": {"name": "v", "schema": {
+        "type": "object", "properties": {"ok": {"type": "boolean"}}}}}
+    req, _ = request(tools=[WEATHER], response_format=fmt)
+    assert 'answer: %json {"type": "object", "properties": {"ok"' in req.sampling.grammar.spec
+    req, _ = request(tools=[WEATHER], response_format=fmt, tool_choice="required")
+    assert "answer" not in req.sampling.grammar.spec
+    req, _ = request(tools=[WEATHER], response_format=fmt, tool_choice="none")
+    assert req.sampling.grammar.kind == common_pb2.Grammar.KIND_JSON_SCHEMA
+
+
 def test_tool_turns_reach_the_request():
     req, _ = chat_request({"model": M, "messages": HISTORY, "tools": [WEATHER]}, M)
     assistant, tool = req.messages[1], req.messages[2]
@@ -70,7 +81,7 @@ def test_tool_turns_reach_the_request():
     ({"tools": [{"type": "function", "function": {"name": "bad name!"}}]}, "tools"),
     ({"tools": [WEATHER, WEATHER]}, "tools"),
     ({"tools": [WEATHER], "parallel_tool_calls": "yes"}, "parallel_tool_calls"),
-    ({"tools": [WEATHER], "response_format": {"type": "json_object"}}, "tool_choice"),
+    ({"tools": [WEATHER], "structured_outputs": {"regex": "a+"}}, "tool_choice"),
     ({"functions": [{"name": "f"}]}, "functions"),
     ({"messages": [*HISTORY[:2], {**HISTORY[2], "tool_call_id": "call_9"}]},
      "messages[2].tool_call_id"),
