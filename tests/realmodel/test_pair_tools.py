@@ -71,13 +71,23 @@ def ask(client, prompt: str, **kw):
         max_tokens=kw.pop("max_tokens", 64), temperature=0, **kw)
 
 
-def test_auto_calls_a_tool_only_when_one_is_needed(client):
-    called = [bool(ask(client, p).choices[0].message.tool_calls) for p in NEEDS_A_TOOL]
-    direct = [not ask(client, p, max_tokens=24).choices[0].message.tool_calls
-              for p in NEEDS_NO_TOOL]
+def test_auto_calls_when_a_tool_is_needed_and_decides_as_target_only(client):
+    """The call-or-answer decision is the model's: speculation must not change it. On
+    the prompts that need no tool, Qwen2.5-Coder-1.5B itself calls one for two of five
+    (translation and sorting algorithms; its fp32 weights in plain transformers make
+    the same calls), so that count is printed, not asserted."""
+    def decisions(k):
+        called = [bool(ask(client, p, extra_body={"num_draft_tokens": k}).choices[0]
+                       .message.tool_calls) for p in NEEDS_A_TOOL]
+        direct = [not ask(client, p, max_tokens=24, extra_body={"num_draft_tokens": k})
+                  .choices[0].message.tool_calls for p in NEEDS_NO_TOOL]
+        return called, direct
+
+    called, direct = decisions(None)  # the server's K
     print(f"\nauto: called a tool for {sum(called)}/5 prompts that need one, answered "
           f"directly for {sum(direct)}/5 that do not")
-    assert sum(called) >= 4 and sum(direct) >= 4, (called, direct)
+    assert sum(called) >= 4
+    assert (called, direct) == decisions(0)
 
 
 def test_forced_calls_draft_and_equal_target_only(client):
@@ -127,7 +137,11 @@ def test_the_agents_sdk_loop_calls_both_tools_and_answers(http_url):
                                 timeout=600)
     model = openai.OpenAI(base_url=http_url + "/v1", api_key="unused").models.list().data[0].id
     agent = Agent(name="assistant", tools=[get_weather, add],
-                  instructions="Answer with the tools: call each tool you need.",
+                  # (with only "call each tool you need", or none, the 1.5B model calls
+                  # both tools again after their results, turn after turn, in plain
+                  # transformers too: it needs to be told to answer)
+                  instructions="Use the tools to look up facts, then answer the user in "
+                               "one sentence.",
                   model=OpenAIResponsesModel(model=model, openai_client=client),
                   model_settings=ModelSettings(temperature=0, max_tokens=96))
     result = Runner.run_sync(agent, "What is the weather in Paris, and what is 1234 + 4321?",

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+from pathlib import Path
 
 import pytest
 
@@ -53,6 +54,11 @@ RECORDED = [
 ]
 
 
+# Streams recorded from the Qwen2.5-Coder pair (one chunk per speculative round, several
+# tokens each; tool_choice auto and required, one to three calls, plain answers).
+QWEN = json.loads((Path(__file__).parent / "data" / "qwen_tool_streams.json").read_text())
+
+
 def chunked(text: str, rng: random.Random) -> Parsed:
     parser, events, i = ToolCallParser(), [], 0
     while i < len(text):
@@ -83,6 +89,22 @@ def test_whole_texts_parse_to_their_calls():
 def test_a_thousand_random_chunkings_give_the_calls_of_the_whole_text(text):
     rng = random.Random(hash(text) % 1000)
     whole = parse(text)
+    for _ in range(1000):
+        assert chunked(text, rng) == whole
+
+
+@pytest.mark.parametrize("stream", QWEN["streams"], ids=lambda s: s["prompt"][:24])
+def test_recorded_streams_give_their_calls_as_recorded_and_rechunked(stream):
+    text = "".join(stream["chunks"])
+    whole = parse(text)
+    parser, events = ToolCallParser(), []
+    for chunk in stream["chunks"]:  # as the rounds came
+        events += parser.feed(chunk)
+    assert fold(events + parser.finish()) == whole
+    if "<tool_call>" in text:
+        assert whole.calls and all(isinstance(json.loads(c.arguments), dict)
+                                   for c in whole.calls)
+    rng = random.Random(len(text))
     for _ in range(1000):
         assert chunked(text, rng) == whole
 
