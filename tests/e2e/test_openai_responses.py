@@ -106,11 +106,16 @@ def test_a_conversation_continues_on_another_replica_and_after_a_restart(
         with openai.OpenAI(base_url=f"http://127.0.0.1:{http}/v1", api_key="unused",
                            max_retries=0, timeout=60) as c:
             model = c.models.list().data[0].id
-            first = create(c, model, input="Remember the word apple.")
+            first = create(c, model, input="What is 2 + 3?", tools=[ADD],
+                           tool_choice="required", parallel_tool_calls=False,
+                           max_output_tokens=96)
+            (call,) = [o for o in first.output if o.type == "function_call"]
             served = first.usage.model_extra["specdec"]["coordinator_replica"]
+            result = [{"type": "function_call_output", "call_id": call.call_id, "output": "5"}]
             other = None
             for _ in range(20):  # Serve picks the replica; ask until the other one does
-                r = create(c, model, input="Which word?", previous_response_id=first.id)
+                r = create(c, model, input=result, previous_response_id=first.id,
+                           tools=[ADD], tool_choice="none")
                 if r.usage.model_extra["specdec"]["coordinator_replica"] != served:
                     other = r
                     break
@@ -122,7 +127,8 @@ def test_a_conversation_continues_on_another_replica_and_after_a_restart(
     try:
         with openai.OpenAI(base_url=f"http://127.0.0.1:{http}/v1", api_key="unused",
                            max_retries=0, timeout=60) as c:
-            again = create(c, model, input="Which word?", previous_response_id=first.id)
+            again = create(c, model, input=result, previous_response_id=first.id,
+                           tools=[ADD], tool_choice="none")
             assert again.usage.input_tokens == other.usage.input_tokens
             assert again.output_text == other.output_text
     finally:
