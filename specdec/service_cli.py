@@ -6,6 +6,7 @@ import logging
 import os
 import time
 
+from specdec.runtime import heap
 from specdec.runtime.cached_model import CachedModel
 from specdec.service_config import ModelServiceConfig
 
@@ -96,6 +97,8 @@ def load_cached_model(cfg: ModelServiceConfig) -> CachedModel:
     threads = cfg.threads or (len(parse_cpus(cfg.cpus)) if cfg.cpus else 0)
     if threads > 0:
         torch.set_num_threads(threads)
+    # before the runtime allocates: freed buffers go back to the system (runtime.heap)
+    heap.return_freed_memory()
     t0 = time.perf_counter()
     backend = load_backend(cfg)
     log.info("loaded model %s (%s) in %.2f s", cfg.model, cfg.backend,
