@@ -5,6 +5,7 @@ restart (the shared store), and a 404 for an unknown id."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Annotated, Literal
 
@@ -74,6 +75,13 @@ def test_streamed_events(client, model):
     text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
     assert text == events[-1].response.output_text
     assert text == create(client, model, input="Count to five.").output_text
+    # the SDK's stream helper accumulates the events into the final response
+    with client.responses.stream(model=model, input="What is 2 + 3?", tools=[ADD],
+                                 tool_choice="required", parallel_tool_calls=False,
+                                 max_output_tokens=96, temperature=0) as stream:
+        final = stream.get_final_response()
+    (call,) = final.output
+    assert call.type == "function_call" and set(json.loads(call.arguments)) == {"a", "b"}
 
 
 def test_text_format_gives_json(client, model):
@@ -175,3 +183,16 @@ def test_the_agents_sdk_runs_an_agent_loop(coordinator, model):
     assert called, "the agent called no tool"
     assert isinstance(result.final_output, Verdict)
     assert any(item.type == "tool_call_output_item" for item in result.new_items)
+
+    async def streamed():  # the same loop over streamed responses (a client of this loop)
+        fresh = openai.AsyncOpenAI(base_url=coordinator[3] + "/v1", api_key="unused",
+                                   max_retries=0)
+        run = Runner.run_streamed(agent.clone(model=OpenAIResponsesModel(
+            model=model, openai_client=fresh)), "Is 2 + 3 five?", max_turns=6)
+        async for _ in run.stream_events():
+            pass
+        return run
+
+    called.clear()
+    run = asyncio.run(streamed())
+    assert called and isinstance(run.final_output, Verdict)
