@@ -18,7 +18,7 @@ def create(cfg: DraftConfig) -> tuple[SpecdecServer, int, DraftEngine]:
     tls = server_tls(cfg.tls_cert, cfg.tls_key, cfg.tls_client_ca)
     model = load_cached_model(cfg)
     # the target's exactness needs pass-independent logits; a draft's speed does not
-    model.backend.lone_token_refeed = False
+    model.backend.one_token_rows = False
     engine = DraftEngine(model, cfg.max_draft_tokens, cfg.top_n,
                          climber=skip_climber(cfg, model), default_top_mass=cfg.top_mass)
     engine.grammars.warm()  # structured outputs: the vocabulary, in the background

@@ -87,10 +87,11 @@ class PagedOpenVINOBackend(OpenVINOBackend):
         self._initial_blocks, self._max_blocks = initial_blocks, max_blocks
         self._prefix_on = prefix_cache
         super().__init__(*args, **kwargs)
-        # Feed no sequence one token alone (_infer) where the plugin's dynamic
-        # quantization would compute it another way. A draft turns it off: its logits
-        # never decide the output, and the second row is a cost (draft_service).
-        self.lone_token_refeed = self.batch_dependent_logits
+        # Feed every position as a one-token subsequence (_infer) where the plugin's
+        # dynamic quantization would compute positions another way by how many tokens
+        # their sequence is given. A draft turns it off: its logits never decide the
+        # output, and a long prompt's prefill costs ~10% more this way (draft_service).
+        self.one_token_rows = self.batch_dependent_logits
 
     def _compile(self, core, xml: Path, device: str, config: dict):
         from openvino._offline_transformations import paged_attention_transformation
@@ -183,52 +184,59 @@ class PagedOpenVINOBackend(OpenVINOBackend):
             for cache, tokens, keep_last in items:
                 served = 0 if self.prefix_cache is None else \
                     self.prefix_cache.attach(cache, tokens, keep_last)
-                tokens = tokens[served:]
-                # a lone token goes with the one before it (see _infer)
-                back = 1 if self.lone_token_refeed and len(tokens) == 1 \
-                    and cache.length else 0
-                feeds.append((cache, tokens, keep_last, back))
-            for cache, tokens, _, back in feeds:
+                feeds.append((cache, tokens[served:], keep_last))
+            for cache, tokens, _ in feeds:
                 cache.reserve(cache.length + len(tokens))
-                cache.make_writable(cache.length - back, cache.length + len(tokens),
+                cache.make_writable(cache.length, cache.length + len(tokens),
                                     self._copy_block)
             out = self._infer(feeds)
         except BaseException:
             for (cache, _, _), start in zip(items, starts, strict=True):
                 cache.crop(start)  # back before what the prefix cache attached
             raise
-        for cache, tokens, _, _ in feeds:
+        for cache, tokens, _ in feeds:
             cache.advance(tokens)
             if self.prefix_cache is not None:
                 self.prefix_cache.commit(cache)
         return out
 
-    def _infer(self, items: list[tuple[BlockTable, list[int], int, int]]) -> list[torch.Tensor]:
+    def _infer(self, items: list[tuple[BlockTable, list[int], int]]) -> list[torch.Tensor]:
         """One infer over the sessions' tokens (blocks reserved); logits per session.
 
-        Each item's `back` (0 or 1) feeds that many tokens before its new ones again:
-        with int8/int4 weights and the CPU plugin's dynamic quantization, a sequence
-        given one new token in a pass is computed one way (attention and activations)
-        and one given two or more another, so a position's logits differed by up to
-        ~0.25 between the two (Qwen2.5-Coder-1.5B, int8), while every width from 2 to 12
-        gave bit-equal rows. Never feeding a sequence one token makes a position's
-        logits its prefix's alone, whatever the pass holds: the target's greedy output
-        stays target-only's with the quantization on. The token fed again is rewritten
-        with the values it had (its own pass fed two or more too), and the second row
-        costs little (a pass reads the weights once)."""
+        With int8/int4 weights and the CPU plugin's dynamic quantization, a sequence
+        given one new token in a pass is computed one way (its attention kernel) and one
+        given two or more another; the activations' quantization then magnifies the
+        rounding: a position's logits differed by up to ~0.34 between the two
+        (Qwen2.5-Coder-1.5B, int8). With `one_token_rows`, every position goes as its own
+        one-token subsequence over the session's blocks: PagedAttention writes every new
+        key and value into the cache before it attends, so position i sees positions
+        before it in the same pass, and each position is computed the one-token way
+        whatever its pass held: bit-equal to decoding token by token, so the target's
+        greedy output stays target-only's. It costs a verify nothing and a long prefill
+        ~10% (docs/design.md, section 28)."""
+        split = self.one_token_rows
+        size = self.pool.block_size
         ids, positions, past, begins, blocks, block_begins = [], [], [], [0], [], [0]
-        for cache, tokens, _, back in items:
-            start = cache.length - back
-            ids.extend(cache.held.tokens[start:cache.length] + tokens)
-            positions.extend(range(start, cache.length + len(tokens)))
-            past.append(start)
-            begins.append(len(ids))
-            blocks.extend(cache.blocks)
-            block_begins.append(len(blocks))
-        longest = max(c.length + len(t) for c, t, _, _ in items)
+        for cache, tokens, _ in items:
+            start = cache.length
+            ids.extend(tokens)
+            positions.extend(range(start, start + len(tokens)))
+            if split:
+                for at in range(start, start + len(tokens)):
+                    past.append(at)
+                    begins.append(begins[-1] + 1)
+                    blocks.extend(cache.blocks[:at // size + 1])
+                    block_begins.append(len(blocks))
+            else:
+                past.append(start)
+                begins.append(len(ids))
+                blocks.extend(cache.blocks)
+                block_begins.append(len(blocks))
+        longest = max(c.length + len(t) for c, t, _ in items)
+        ends = np.cumsum([len(t) for _, t, _ in items]).tolist()
         inputs = {}
         if self._gathers:
-            rows = [i for (_, _, keep, _), end in zip(items, begins[1:], strict=True)
+            rows = [i for (_, _, keep), end in zip(items, ends, strict=True)
                     for i in range(end - keep, end)]
             inputs["logits_indices"] = np.asarray(rows, dtype=np.int64)
         self._request.infer({
@@ -243,7 +251,7 @@ class PagedOpenVINOBackend(OpenVINOBackend):
         })
         logits = self._request.get_tensor("logits").data  # [rows, 1, V or a head's N]
         out, row = [], 0
-        for (_, _, keep_last, _), end in zip(items, begins[1:], strict=True):
+        for (_, _, keep_last), end in zip(items, ends, strict=True):
             first = row if self._gathers else end - keep_last
             out.append(self._rows(logits[first:first + keep_last, 0]))
             row += keep_last

@@ -44,11 +44,12 @@ def test_off_gives_logits_that_do_not_depend_on_the_pass(ir_dir, kind):
           float((rows(on, 6) - rows(on, 1)).abs().max()))
 
 
-def test_on_the_paged_backend_never_feeds_a_sequence_one_token(ir_dir):
+def test_on_the_paged_backend_feeds_every_position_as_one_token(ir_dir):
     """With the quantization on, a sequence fed one new token is computed another way
-    than one fed two or more; the paged backend feeds a lone token with the one before
-    it again, so a position's logits are bit-equal whatever its pass held (the target's
-    greedy output stays target-only's with int8 weights and the quantization on)."""
+    than one fed two or more; the paged backend feeds every position as its own one-token
+    subsequence, so a position's logits are bit-equal whatever its pass held (the
+    target's greedy output stays target-only's with int8 weights and the quantization
+    on). Without that, the rows differ (the test would catch a plugin that changed)."""
     on = PagedOpenVINOBackend(ir_dir, "CPU", threads=1, model_id=TINY_DRAFT,
                               compressed_weights=True)
     one = rows(on, 1)
@@ -60,3 +61,5 @@ def test_on_the_paged_backend_never_feeds_a_sequence_one_token(ir_dir):
     on.forward(cache, PROMPT, keep_last=1)
     together = on.forward_batch([(cache, TAIL[:1], 1), (other, [8], 1)])[0]
     assert torch.equal(together, one[:1])
+    on.one_token_rows = False  # the draft's setting: chunks are computed another way
+    assert not all(torch.equal(rows(on, chunk), rows(on, 1)) for chunk in (2, 3, 6))
