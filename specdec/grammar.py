@@ -119,6 +119,9 @@ def vocabulary(tokenizer, n_vocab: int):
     a second for a 49k vocabulary, so once per process)."""
     import llguidance.hf
 
+    lean = getattr(tokenizer, "llguidance_tokenizer", None)  # lean_tokenizer.LazyTokenizer
+    if lean is not None:
+        return lean(n_vocab)
     return llguidance.hf.from_tokenizer(tokenizer, n_vocab=n_vocab)
 
 

@@ -28,9 +28,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from specdec.runtime import lean_tokenizer
 from specdec.runtime.backend import BackendDefaults
 from specdec.runtime.fr_head import HeadMap
-from specdec.runtime.models import LoadedModel, tokenizer_digest
+from specdec.runtime.models import LoadedModel
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +88,6 @@ class OpenVINOBackend(BackendDefaults):
                  inference_precision: str = "f32", dynamic_quantization: bool = True,
                  compressed_weights: bool = False):
         import openvino as ov
-        from transformers import AutoTokenizer
 
         cap_cpu_isa_below_amx()
         ir_dir = Path(ir_dir)
@@ -128,7 +128,8 @@ class OpenVINOBackend(BackendDefaults):
         except Exception:  # noqa: BLE001 - not every plugin reports it
             self.inference_precision = inference_precision
         hf_config = json.loads((ir_dir / "config.json").read_text())
-        tokenizer = AutoTokenizer.from_pretrained(str(ir_dir), local_files_only=True)
+        known = lean_tokenizer.facts(ir_dir)  # the tokenizer itself loads if asked
+        tokenizer = lean_tokenizer.LazyTokenizer(ir_dir, known)
         self.vocab_size = int(hf_config["vocab_size"])
         # An FR-Spec draft's IR computes only its head's rows (specdec.runtime.fr_head);
         # forward scatters them back into full-vocabulary rows, -inf elsewhere.
@@ -137,7 +138,7 @@ class OpenVINOBackend(BackendDefaults):
         self._check_head_width(ir_dir)
         self.max_context = int(hf_config.get("max_position_embeddings", 2048))
         self.loaded = LoadedModel(None, model_id or ir_dir.name, self.vocab_size,
-                                  tokenizer_digest(tokenizer), self.max_context, tokenizer)
+                                  known.digest, self.max_context, tokenizer)
         self.device = device
         self._inputs = {i.get_any_name() for i in self.compiled.inputs}
         self._seq_axis: int | None = None
