@@ -33,8 +33,8 @@ SOURCES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
 
 
 def _source_key(folder: Path) -> list:
-    return [[n, p.stat().st_size, p.stat().st_mtime_ns] for n in SOURCES
-            if (p := folder / n).exists()]
+    return [[n, st.st_size, st.st_mtime_ns] for n in SOURCES
+            if (p := folder / n).exists() and (st := p.stat())]
 
 
 def _load_hf(folder: Path):
@@ -89,12 +89,22 @@ def facts(folder: Path) -> TokenizerFacts:
                                f"{out.stderr.strip().splitlines()[-1:] or out.returncode}")
         data = json.loads(out.stdout)
         try:
-            tmp = path.with_name(path.name + ".tmp")
-            tmp.write_text(json.dumps(data))
-            tmp.replace(path)
+            _write(path, data)
         except OSError as exc:  # a read-only model folder: computed again next start
             log.info("could not keep the tokenizer's facts beside %s: %s", folder, exc)
     return TokenizerFacts(data["digest"], data["eos_token_id"], data["llguidance"])
+
+
+def keep(folder: Path) -> None:
+    """Write the sidecar in this process: for a folder being exported, where loading the
+    tokenizer costs nothing that stays, so its services start without the child."""
+    _write(Path(folder) / SIDECAR, describe(Path(folder)))
+
+
+def _write(path: Path, data: dict) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data))
+    tmp.replace(path)
 
 
 class LazyTokenizer:

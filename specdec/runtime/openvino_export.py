@@ -17,6 +17,7 @@ from pathlib import Path
 
 from specdec import paths
 from specdec.paths import ir_dir_for
+from specdec.runtime import lean_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +120,7 @@ def export(hf_dir: Path, weights: str = "fp32", force: bool = False,
     tokenizer = AutoTokenizer.from_pretrained(str(hf_dir), local_files_only=True)
     tokenizer.save_pretrained(str(tmp))
     _save_ov_tokenizer(tokenizer, tmp, say)
+    lean_tokenizer.keep(tmp)  # what the services read instead of loading the tokenizer
     marker = {"format": FORMAT_VERSION, "weights": weights, "source": str(hf_dir),
               "source_mtime": (hf_dir / "config.json").stat().st_mtime, **extra}
     (tmp / MARKER).write_text(json.dumps(marker, indent=2) + "\n")
