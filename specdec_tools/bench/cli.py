@@ -45,18 +45,21 @@ def run(args: argparse.Namespace) -> int:
 
     say("== preparing the models and their OpenVINO IRs (cached)")
     draft_hf = None  # the peers' draft folder: none = the target's own, quantized
+    ggufs: dict = {}  # llama.cpp's files: a pair prepared from GGUFs
     if args.pair == "smollm2":
         hf = prepare_smollm2()
         target_ir, draft_ir = export(hf, "fp32", say=say), export(hf, "int8", say=say)
         pair = pairs.DEFAULT_PAIR.with_models(args.model, args.model)
     else:
         from specdec.model_pairs import PAIRS, prepare_pair
-        from specdec.paths import model_dir
+        from specdec.paths import default_home, model_dir
 
         real = PAIRS[args.pair]
         irs = prepare_pair(real, log=say)
         target_ir, draft_ir = irs["target"], irs["draft"]
         hf, draft_hf = model_dir(real.target.name), model_dir(real.draft.name)
+        ggufs = {f"{role}_gguf": str(default_home() / "gguf" / m.parts.gguf)
+                 for role, m in (("target", real.target), ("draft", real.draft))}
         pair = pairs.SERVED[args.pair]
     pair = pair.with_threads(args.threads)
     pair = pairs.Pair(pair.name, pair.target.with_(inference_precision=args.precision),
@@ -97,7 +100,8 @@ def run(args: argparse.Namespace) -> int:
             peer_list = [] if setup is None else peer_setups.start_all(
                 peers, [setup], running.cpus["target"],
                 dict(target_ir=str(target_ir), draft_ir=str(draft_ir), hf=str(hf), k=k_pipe,
-                     precision=args.precision, draft_hf=str(draft_hf) if draft_hf else None),
+                     precision=args.precision, draft_hf=str(draft_hf) if draft_hf else None,
+                     **ggufs),
                 say)
             try:
                 passed = harness.run_side_by_side(
@@ -199,7 +203,10 @@ def add_parser(sub) -> None:
     p.add_argument("--temperatures", default="0,0.7",
                    help="comma-separated; 0 = greedy (default: %(default)s)")
     p.add_argument("--peers", default="inprocess,genai,hf",
-                   help="comma-separated among inprocess, genai, hf (default: %(default)s)")
+                   help="comma-separated among inprocess, genai, hf, llamacpp (llama.cpp's "
+                        "server on the pair's GGUF files, plain and with the draft on -md; "
+                        "--pair qwen2.5-coder only; `make llamacpp` builds it, else it is "
+                        "skipped with a note) (default: %(default)s)")
     p.add_argument("--peer-setups", default=",".join(SETUPS),
                    help="set-ups each peer runs in, comma-separated: " + "; ".join(
                        f"{k} = {s.label}" for k, s in SETUPS.items())

@@ -8,11 +8,16 @@ running one with --address), two parts:
    with OpenAI's presence and frequency penalties) and each prompt, one greedy chat
    request per variant, back to back: target-only (K=0), the server's K
    (num_draft_tokens unset) and every fixed K in --ks. The variants' order rotates from
-   prompt to prompt so that none always runs first. Speedup is section 12's
-   (docs/design.md): per (prompt, repeat), a variant's tok/s over target-only's.
+   prompt to prompt so that none always runs first. Before the variants, a discarded
+   2-token request at K=1 puts the prompt into both services' prefix caches, so every
+   variant meets the same warm caches: without it the first variant alone paid the
+   prompt's prefill (on the Qwen pair 0.5 s of TTFT against 0.2 s), which made a ratio
+   depend on the rotation. Speedup is section 12's (docs/design.md): per (prompt,
+   repeat), a variant's tok/s over target-only's.
 2. **Under load.** specdec load's sweep (specdec_tools.bench.load.run_levels) over the
    general prompts: target-only and the server's K through the same coordinator, beside
-   OpenVINO GenAI's continuous batching on the target's core (--peers genai).
+   OpenVINO GenAI's continuous batching on the target's core (--peers genai) and
+   llama.cpp's server there on the pair's GGUF files (--peers llamacpp).
 
 Greedy outputs are checked: every variant's text must equal target-only's, token for
 token. Results: interactive.json, interactive.md and interactive.png in --out (the load
@@ -66,6 +71,7 @@ def one_at_a_time(address: str, prompts: dict[str, list[tuple[str, str]]], ks: l
     clients = {k: GrpcVariant(address, k, variant_name(k), tls=tls) for k in variants}
     jobs = [(kind, name, text, r) for r in range(repeats) for kind in prompts
             for name, text in prompts[kind]]
+    prefill = GrpcVariant(address, 1, "prefill", tls=tls)
     warm = Load(1, 8, (jobs[0][2],))
     for k in variants:  # a warm-up request per variant, discarded
         clients[k].window(warm, "warm-up")
@@ -74,6 +80,7 @@ def one_at_a_time(address: str, prompts: dict[str, list[tuple[str, str]]], ks: l
     for i, (kind, name, text, r) in enumerate(bar):
         bar.set_postfix_str(f"{kind}/{name}")
         load = Load(1, max_new_tokens, (text,), **(PENALTIES if kind == PENALISED else {}))
+        prefill.window(Load(1, 2, (text,)), "prefill")  # both caches warm for every variant
         for k in order(variants, i):
             sample = clients[k].window(load).samples[0]
             rows.append(_row(sample, kind, name, r, k))
@@ -141,9 +148,9 @@ def run(args) -> int:
             def load_for(n: int) -> Load:
                 return Load(n, args.max_new_tokens, general, duration_s=args.duration_s)
 
+            families = tuple(f for f in load_peers.FAMILIES if f in _list(args.peers))
             peers = load_peers.start("target-device", placement(cfg.pin)["target"],
-                                     _peer_options(cfg.pair), say) if "genai" in _list(args.peers) \
-                else []
+                                     _peer_options(cfg.pair, args.pair), say, families)
             try:
                 windows = load_bench.run_levels(
                     load_bench.system_variants(["grpc"], address, None, tls) + peers,
@@ -166,17 +173,23 @@ def run(args) -> int:
     return 1 if problems else 0
 
 
-def _peer_options(pair) -> dict:
-    """The GenAI peer's IRs: those `pair` (specdec.pair.SERVED) serves its models at."""
+def _peer_options(pair, name: str) -> dict:
+    """The peers' models: the IRs `pair` (specdec.pair.SERVED[name]) serves its models at
+    (GenAI's) and, for a pair prepared from GGUF files, those files (llama.cpp's)."""
     from coordinator.loop.policy import DEFAULT_POLICY
+    from specdec.model_pairs import PAIRS
+    from specdec.paths import default_home
     from specdec.runtime.models import resolve
     from specdec.runtime.openvino_export import resolve_ir
 
     def ir(spec) -> str:
         return str(resolve_ir(spec.model, spec.weights)[0])
 
+    ggufs = {f"{role}_gguf": str(default_home() / "gguf" / m.parts.gguf)
+             for role, m in (("target", PAIRS[name].target), ("draft", PAIRS[name].draft))
+             } if name in PAIRS else {}
     return dict(hf=resolve(pair.target.model), target_ir=ir(pair.target),
-                draft_ir=ir(pair.draft), k=DEFAULT_POLICY.k, precision="f32")
+                draft_ir=ir(pair.draft), k=DEFAULT_POLICY.k, precision="f32", **ggufs)
 
 
 def add_arguments(p) -> None:

@@ -16,6 +16,7 @@ SPEEDUP = SPEEDUP_DEFINITION
 BASE, SERVER = "K=0", "server"
 GAIN = 1.2  # a fixed K that gains this much means the server's K should have drafted
 GENAI_PLAIN = "OpenVINO GenAI continuous batching plain"
+LLAMACPP_PLAIN = "llama.cpp server plain"
 
 
 def _pairs(rows: list[dict]) -> dict:
@@ -90,6 +91,7 @@ def load_table(load_rows: list) -> list[dict]:
         base = next((r for s, r in row.items() if r.api and r.baseline is None), None)
         spec = next((r for s, r in row.items() if r.api and r.baseline is not None), None)
         genai = next((r for s, r in row.items() if s.startswith(GENAI_PLAIN)), None)
+        llama = next((r for s, r in row.items() if s.startswith(LLAMACPP_PLAIN)), None)
         out.append({
             "concurrency": n,
             "target_only_tps": base.aggregate_tps if base else None,
@@ -99,6 +101,9 @@ def load_table(load_rows: list) -> list[dict]:
             "genai_plain_tps": genai.aggregate_tps if genai else None,
             "over_genai": spec.aggregate_tps / genai.aggregate_tps
             if spec and genai and genai.aggregate_tps else None,
+            "llamacpp_plain_tps": llama.aggregate_tps if llama else None,
+            "over_llamacpp": spec.aggregate_tps / llama.aggregate_tps
+            if spec and llama and llama.aggregate_tps else None,
             "mismatches": spec.mismatches if spec else None})
     return out
 
@@ -139,12 +144,15 @@ def markdown(summary: dict, load: list[dict], meta: dict) -> str:
     if load:
         lines += ["## Under load (general prompts, aggregate steady-state tok/s)", "",
                   "| N | target-only | server's K | ratio | mean K | GenAI CB plain, target "
-                  "core | server / GenAI | mismatches |", "|---|---|---|---|---|---|---|---|"]
+                  "core | server / GenAI | llama.cpp plain, target core | server / "
+                  "llama.cpp | mismatches |", "|---|---|---|---|---|---|---|---|---|---|"]
         for r in load:
             lines.append(f"| {r['concurrency']} | {_f(r['target_only_tps'], '{:.1f}')} | "
                          f"{_f(r['server_tps'], '{:.1f}')} | {_f(r['ratio'])}x | "
                          f"{_f(r['mean_k'])} | {_f(r['genai_plain_tps'], '{:.1f}')} | "
-                         f"{_f(r['over_genai'])}x | {_f(r['mismatches'], '{}')} |")
+                         f"{_f(r['over_genai'])}x | "
+                         f"{_f(r.get('llamacpp_plain_tps'), '{:.1f}')} | "
+                         f"{_f(r.get('over_llamacpp'))}x | {_f(r['mismatches'], '{}')} |")
         lines.append("")
     return "\n".join(lines)
 
@@ -174,6 +182,9 @@ def plot(summary: dict, load: list[dict], path: Path) -> Path:
         ax.plot(ns, [r["ratio"] for r in load], marker="o", label="server's K / target-only")
         ax.plot(ns, [r["over_genai"] for r in load], marker="s",
                 label="server's K / GenAI CB plain (target core)")
+        if any(r.get("over_llamacpp") for r in load):
+            ax.plot(ns, [r.get("over_llamacpp") for r in load], marker="^",
+                    label="server's K / llama.cpp server plain (target core)")
         ax.set_xscale("log", base=2)
         ax.axhline(1.0, color="grey", linewidth=0.8)
         ax.legend(fontsize=7)

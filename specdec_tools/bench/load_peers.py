@@ -1,4 +1,5 @@
-"""OpenVINO GenAI's continuous-batching pipeline under the load of `specdec load`.
+"""OpenVINO GenAI's continuous-batching pipeline under the load of `specdec load` (and
+llama.cpp's server, specdec_tools.bench.llamacpp_load, started the same way).
 
 The peer is `openvino_genai.ContinuousBatchingPipeline` on the same IRs as specdec's
 services (fp32 target computing in f32 with an f32 KV cache; with the int8 draft as
@@ -28,10 +29,16 @@ CONFIG = (f"ContinuousBatchingPipeline on the fp32 IR, INFERENCE_PRECISION_HINT 
           f"KV_CACHE_PRECISION f32, SchedulerConfig.cache_size {CACHE_GB} GB (otherwise "
           "GenAI's defaults); speculative: the int8 IR as draft_model, num_assistant_tokens K")
 
-KINDS = {
+GENAI_KINDS = {
     "genai-cb-plain": "OpenVINO GenAI continuous batching plain",
     "genai-cb-speculative": "OpenVINO GenAI continuous batching speculative",
 }
+LLAMACPP_KINDS = {  # specdec_tools.bench.llamacpp_load
+    "llamacpp-cb-plain": "llama.cpp server plain",
+    "llamacpp-cb-speculative": "llama.cpp server speculative (-md)",
+}
+KINDS = {**GENAI_KINDS, **LLAMACPP_KINDS}
+FAMILIES = {"genai": GENAI_KINDS, "llamacpp": LLAMACPP_KINDS}  # --peers names
 
 
 class GenAILoad:
@@ -123,14 +130,24 @@ class GenAILoad:
 
 
 def build(kind: str, target_ir: str, draft_ir: str, hf: str, k: int, threads: int,
-          precision: str) -> GenAILoad:
-    """In the child (specdec_tools.bench.peer_child), as specdec_tools.bench.scenarios.build."""
+          precision: str, target_gguf: str | None = None, draft_gguf: str | None = None):
+    """In the child (specdec_tools.bench.peer_child), as specdec_tools.bench.scenarios.build;
+    llama.cpp's kinds need the pair's GGUF files."""
     from specdec.runtime.models import load_tokenizer
 
     if kind not in KINDS:
         raise ValueError(f"unknown load peer kind {kind!r}; choose among {', '.join(KINDS)}")
-    return GenAILoad(target_ir, draft_ir, kind == "genai-cb-speculative", k, threads,
-                     load_tokenizer(str(hf)), precision)
+    speculative = kind.endswith("-speculative")
+    if kind in LLAMACPP_KINDS:
+        from specdec_tools.bench.llamacpp_load import LlamaCppLoad
+
+        if not target_gguf:
+            raise ValueError("llama.cpp needs the pair's GGUF files (a --pair prepared "
+                             "from GGUFs)")
+        return LlamaCppLoad(target_gguf, draft_gguf if speculative else None, k, threads,
+                            load_tokenizer(str(hf)))
+    return GenAILoad(target_ir, draft_ir, speculative, k, threads, load_tokenizer(str(hf)),
+                     precision)
 
 
 class LoadPeer(PeerProcess):
@@ -156,17 +173,19 @@ class LoadPeer(PeerProcess):
         return w
 
 
-def start(setup_key: str, target_cpu: int | None, options: dict, say=print) -> list[LoadPeer]:
-    """Both kinds in one set-up (the speculative one's baseline is the plain one); a peer
-    that cannot start is noted and left out."""
+def start(setup_key: str, target_cpu: int | None, options: dict, say=print,
+          families: tuple[str, ...] = ("genai",)) -> list[LoadPeer]:
+    """Each family's two kinds in one set-up (a speculative kind's baseline is its own
+    family's plain one); a peer that cannot start is noted and left out."""
     setup, started = SETUPS[setup_key], []
-    baseline = None
-    for kind in KINDS:
-        try:
-            peer = LoadPeer(kind, setup, target_cpu, options, baseline)
-        except (RuntimeError, TimeoutError, ImportError) as exc:
-            say(f"note: peer {kind} ({setup.label}) skipped: {exc}")
-            continue
-        baseline = baseline or peer.name
-        started.append(peer)
+    for family in families:
+        baseline = None
+        for kind in FAMILIES[family]:
+            try:
+                peer = LoadPeer(kind, setup, target_cpu, options, baseline)
+            except (RuntimeError, TimeoutError, ImportError) as exc:
+                say(f"note: peer {kind} ({setup.label}) skipped: {exc}")
+                continue
+            baseline = baseline or peer.name
+            started.append(peer)
     return started

@@ -102,7 +102,7 @@ class PeerProcess:
 
 
 def kinds_for(peers: set[str]) -> list[str]:
-    """--peers names (inprocess, genai, hf) -> peer kinds, GenAI's out-of-the-box
+    """--peers names (inprocess, genai, hf, llamacpp) -> peer kinds, GenAI's out-of-the-box
     precision row included with genai."""
     out = []
     if "inprocess" in peers:
@@ -111,6 +111,8 @@ def kinds_for(peers: set[str]) -> list[str]:
         out += ["genai-plain", "genai-speculative", "genai-lookup", "genai-plain-oob"]
     if "hf" in peers:
         out += ["hf-plain", "hf-assisted"]
+    if "llamacpp" in peers:
+        out += ["llamacpp-plain", "llamacpp-speculative"]
     return out
 
 
@@ -122,6 +124,6 @@ def start_all(peers: set[str], setups: list[str], target_cpu: int | None, option
         for kind in kinds_for(peers):
             try:
                 started.append(PeerProcess(kind, SETUPS[key], target_cpu, options))
-            except (RuntimeError, TimeoutError, ImportError) as exc:
+            except (RuntimeError, TimeoutError, ImportError, FileNotFoundError) as exc:
                 say(f"note: peer {kind} ({SETUPS[key].label}) skipped: {exc}")
     return started

@@ -5,6 +5,7 @@ timed the same way (specdec's own scenarios are in specdec_tools.bench.system):
 * OpenVINO GenAI: LLMPipeline plain, with draft_model (speculative), and prompt lookup,
   on the same IRs.
 * HF transformers: plain torch decoding and assisted generation with the torch pair.
+* llama.cpp's server: plain, and with the draft on -md (specdec_tools.bench.llamacpp_peer).
 
 `build(kind, ...)` makes one by name; specdec_tools.bench.peers runs each in a child process
 placed as its set-up says.
@@ -162,15 +163,19 @@ KINDS = {
     "genai-plain-oob": "OpenVINO GenAI plain in its out-of-the-box precision",
     "hf-plain": "HF transformers plain",
     "hf-assisted": "HF transformers assisted generation",
+    "llamacpp-plain": "llama.cpp's server on the target's GGUF",
+    "llamacpp-speculative": "llama.cpp's server, the draft's GGUF on -md",
 }
 SAMPLED = {"genai-plain", "genai-speculative", "genai-plain-oob"}
 
 
 def build(kind: str, target_ir: str, draft_ir: str, hf: str, k: int, threads: int,
-          precision: str, draft_hf: str | None = None):
+          precision: str, draft_hf: str | None = None, target_gguf: str | None = None,
+          draft_gguf: str | None = None):
     """One peer by kind; `threads` 0 = the runtime's default, `precision` what the target
     computes in (OpenVINO peers; torch computes in float32); `draft_hf`: HF assisted
-    generation's draft folder (None: the target's own, int8-quantized)."""
+    generation's draft folder (None: the target's own, int8-quantized); `target_gguf`,
+    `draft_gguf`: llama.cpp's files (a pair prepared from GGUFs)."""
     from specdec.runtime.models import load_tokenizer
 
     tokenizer = load_tokenizer(str(hf))
@@ -184,6 +189,14 @@ def build(kind: str, target_ir: str, draft_ir: str, hf: str, k: int, threads: in
         mode = kind.split("-")[1]
         return GenAIScenario(target_ir, draft_ir, mode, k, threads, tokenizer,
                              "default" if kind.endswith("-oob") else precision)
+    if kind.startswith("llamacpp-"):
+        from specdec_tools.bench.llamacpp_peer import LlamaCppScenario
+
+        if not target_gguf:
+            raise ValueError("llama.cpp needs the pair's GGUF files (a --pair prepared "
+                             "from GGUFs)")
+        return LlamaCppScenario(target_gguf, draft_gguf if kind.endswith("speculative")
+                                else None, k, threads, tokenizer)
     if kind.startswith("hf-"):
         import torch
 
