@@ -203,8 +203,12 @@ def plots(rows: list[Row], out_dir: Path) -> list[Path]:
         ax.legend()
         files.append(_save(fig, out_dir / "acceptance_by_position.png"))
     if greedy:
-        fig, ax = plt.subplots(figsize=(8, 0.4 * len(greedy) + 1.5))
-        names = [r.scenario for r in greedy]
+        import textwrap
+
+        # peers' names run long ("... [same machine: all cores, default threads]")
+        names = [textwrap.fill(r.scenario, 50) for r in greedy]
+        lines = sum(n.count("\n") + 1 for n in names)
+        fig, ax = plt.subplots(figsize=(11, 0.3 * lines + 0.2 * len(greedy) + 1.5))
         ax.barh(names, [r.tokens_per_s for r in greedy],
                 xerr=[[r.tokens_per_s - r.tokens_per_s_min for r in greedy],
                       [r.tokens_per_s_max - r.tokens_per_s for r in greedy]])

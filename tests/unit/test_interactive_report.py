@@ -71,3 +71,25 @@ def test_the_penalised_kind_sends_the_general_prompts_with_penalties():
     assert not Load(1, 8, ("hi",)).sampling(0, 0).penalised
     with pytest.raises(SystemExit, match="unknown chat"):
         kind_prompts("held-out", ["chat"])
+
+
+def test_the_load_table_sets_the_server_beside_each_peers_plain_pipeline():
+    from specdec_tools.bench.load_report import LoadRow
+
+    def load_row(scenario, tps, baseline=None, api=""):
+        return LoadRow(scenario, 4, baseline, 8, 512, 15.0, tps, None, None, None, None,
+                       None, None, None, api=api)
+
+    rows = [load_row("target-only", 30.0, api="grpc"),
+            load_row("server's K", 33.0, baseline="target-only", api="grpc"),
+            load_row(report.GENAI_PLAIN, 30.0),
+            load_row(report.LLAMACPP_PLAIN, 22.0),
+            load_row(report.LLAMACPP_PLAIN.replace("plain", "speculative (-md) K=4"), 40.0,
+                     baseline=report.LLAMACPP_PLAIN)]
+    (r,) = report.load_table(rows)
+    assert r["over_genai"] == pytest.approx(1.1)
+    assert r["llamacpp_plain_tps"] == 22.0 and r["over_llamacpp"] == pytest.approx(1.5)
+    md = report.markdown({}, [r], {"command": "x", "date": "d", "machine": "m",
+                                   "prompt_set": "held-out", "max_new_tokens": 64,
+                                   "repeats": 1})
+    assert "| 22.0 | 1.50x |" in md

@@ -49,3 +49,21 @@ def test_a_coordinator_reads_the_tokenizer_alone_when_the_model_is_not_there(tmp
     assert paths.tokenizer_dir(target) == paths.model_dir(paths.QWEN_CODER_TOKENIZER)
     _complete(paths.model_dir(target))
     assert paths.tokenizer_dir(target) == paths.model_dir(target)  # its own, once there
+
+
+def test_the_k8s_overlay_runs_each_service_as_up_does():
+    """Every model flag `specdec up --pair` gives a service (weights, KV precision) is in
+    the pair's k8s overlay for that service, with the same value."""
+    import yaml
+
+    from specdec.launcher import ROOT
+
+    for name in PAIRS:
+        for role in ("target", "draft"):
+            doc = yaml.safe_load((ROOT / "k8s" / "overlays" / name / f"{role}.yaml")
+                                 .read_text())
+            (container,) = [c for c in doc["spec"]["template"]["spec"]["containers"]
+                            if c["name"] == role]
+            flags = getattr(SERVED[name], role).model_flags()
+            for flag, value in zip(flags[::2], flags[1::2], strict=True):
+                assert f"{flag}={value}" in container["args"], (name, role, flag)
