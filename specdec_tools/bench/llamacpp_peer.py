@@ -29,6 +29,7 @@ from pathlib import Path
 from specdec import launcher
 from specdec.sampling import SamplingParams
 from specdec_tools.bench.harness import Sample
+from specdec_tools.bench.prompts import chat_text
 
 BINARY_ENV = "SPECDEC_LLAMA_SERVER"
 VENV = launcher.ROOT / ".venv-llamacpp"
@@ -127,8 +128,6 @@ def completion_body(tokenizer, message: str, max_new_tokens: int,
                     sampling: SamplingParams, stream: bool = False) -> dict:
     """/completion's body: the chat template's token ids (applied once, by us), greedy as
     temperature 0, the prompt cache on, the ids of what it generates returned."""
-    from specdec_tools.bench.scenarios import chat_text
-
     ids = tokenizer.encode(chat_text(tokenizer, message), add_special_tokens=False)
     body = {"prompt": ids, "n_predict": max_new_tokens, "cache_prompt": True,
             "return_tokens": True, "stream": stream,

@@ -30,3 +30,10 @@ PROMPTS: list[tuple[str, str]] = [
 ]
 
 QUICK = ["explanation", "code"]
+
+
+def chat_text(tokenizer, message: str) -> str:
+    """A user message as the model sees it: the chat template applied once, with the
+    assistant's turn opened (what every in-process peer feeds)."""
+    return tokenizer.apply_chat_template([{"role": "user", "content": message}],
+                                         tokenize=False, add_generation_prompt=True)

@@ -17,13 +17,9 @@ import time
 
 from specdec.sampling import SamplingParams
 from specdec_tools.bench.harness import Sample
+from specdec_tools.bench.prompts import chat_text
 
 __all__ = ["KINDS", "Sample", "build", "chat_text"]
-
-
-def chat_text(tokenizer, message: str) -> str:
-    return tokenizer.apply_chat_template([{"role": "user", "content": message}],
-                                         tokenize=False, add_generation_prompt=True)
 
 
 class InProcessTarget:
