@@ -104,8 +104,15 @@ def test_an_unknown_previous_response_is_a_404(client, model):
     assert info.value.body["param"] == "max_output_tokens"
 
 
-def test_a_conversation_continues_on_another_replica_and_after_a_restart(
-        draft_server, target_server, tmp_path):
+def _call_and_result(c, model):
+    """A forced call to ADD, and the function_call_output that answers it."""
+    first = create(c, model, input="What is 2 + 3?", tools=[ADD], tool_choice="required",
+                   parallel_tool_calls=False, max_output_tokens=96)
+    (call,) = [o for o in first.output if o.type == "function_call"]
+    return first, [{"type": "function_call_output", "call_id": call.call_id, "output": "5"}]
+
+
+def test_a_conversation_continues_on_another_replica(draft_server, target_server, tmp_path):
     args = ["--draft", draft_server[0], "--target", target_server[0], "--min-replicas", "2",
             "--max-replicas", "2", "--expose-replicas", "--response-store",
             str(tmp_path / "responses.sqlite3")]
@@ -114,12 +121,8 @@ def test_a_conversation_continues_on_another_replica_and_after_a_restart(
         with openai.OpenAI(base_url=f"http://127.0.0.1:{http}/v1", api_key="unused",
                            max_retries=0, timeout=60) as c:
             model = c.models.list().data[0].id
-            first = create(c, model, input="What is 2 + 3?", tools=[ADD],
-                           tool_choice="required", parallel_tool_calls=False,
-                           max_output_tokens=96)
-            (call,) = [o for o in first.output if o.type == "function_call"]
+            first, result = _call_and_result(c, model)
             served = first.usage.model_extra["specdec"]["coordinator_replica"]
-            result = [{"type": "function_call_output", "call_id": call.call_id, "output": "5"}]
             other = None
             for _ in range(20):  # Serve picks the replica; ask until the other one does
                 r = create(c, model, input=result, previous_response_id=first.id,
@@ -131,16 +134,30 @@ def test_a_conversation_continues_on_another_replica_and_after_a_restart(
             assert other.usage.input_tokens > first.usage.input_tokens
     finally:
         assert proc.stop() == 0
-    proc, _, http = start_coordinator(args)  # a restart: the store is all that is left
-    try:
-        with openai.OpenAI(base_url=f"http://127.0.0.1:{http}/v1", api_key="unused",
-                           max_retries=0, timeout=60) as c:
-            again = create(c, model, input=result, previous_response_id=first.id,
-                           tools=[ADD], tool_choice="none")
-            assert again.usage.input_tokens == other.usage.input_tokens
-            assert again.output_text == other.output_text
-    finally:
-        assert proc.stop() == 0
+
+
+@pytest.mark.long  # a second coordinator start (make test-long; CI runs it)
+def test_a_conversation_continues_after_a_restart(draft_server, target_server, tmp_path):
+    """A full coordinator restart: the store is all that is left, and the continuation
+    is the one the first coordinator gave."""
+    args = ["--draft", draft_server[0], "--target", target_server[0], "--response-store",
+            str(tmp_path / "responses.sqlite3")]
+    answers = []
+    for restart in (False, True):
+        proc, _, http = start_coordinator(args)
+        try:
+            with openai.OpenAI(base_url=f"http://127.0.0.1:{http}/v1", api_key="unused",
+                               max_retries=0, timeout=60) as c:
+                model = c.models.list().data[0].id
+                if not restart:
+                    first, result = _call_and_result(c, model)
+                answers.append(create(c, model, input=result, previous_response_id=first.id,
+                                      tools=[ADD], tool_choice="none"))
+        finally:
+            assert proc.stop() == 0
+    before, again = answers
+    assert again.usage.input_tokens == before.usage.input_tokens > first.usage.input_tokens
+    assert again.output_text == before.output_text
 
 
 def test_the_agents_sdk_runs_an_agent_loop(coordinator, model):

@@ -83,8 +83,8 @@ def sample_outputs(loop, prompt, params: SamplingParams, trials: int, k: int, n:
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("params", "top_n", "k"),
-    [
-        (SamplingParams(temperature=1.0, top_k=6), 0, 2),
+    [  # top_p0.6-top_n2-K3 truncates both sides; top_k6-K2 is `make test-long`'s
+        pytest.param(SamplingParams(temperature=1.0, top_k=6), 0, 2, marks=pytest.mark.long),
         (SamplingParams(temperature=0.8, top_p=0.6), 2, 3),  # sparse q: 2 ids per draft
     ],
     ids=["top_k6-K2", "top_p0.6-top_n2-K3"],
