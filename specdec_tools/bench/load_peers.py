@@ -141,9 +141,6 @@ def build(kind: str, target_ir: str, draft_ir: str, hf: str, k: int, threads: in
     if kind in LLAMACPP_KINDS:
         from specdec_tools.bench.llamacpp_load import LlamaCppLoad
 
-        if not target_gguf:
-            raise ValueError("llama.cpp needs the pair's GGUF files (a --pair prepared "
-                             "from GGUFs)")
         return LlamaCppLoad(target_gguf, draft_gguf if speculative else None, k, threads,
                             load_tokenizer(str(hf)))
     return GenAILoad(target_ir, draft_ir, speculative, k, threads, load_tokenizer(str(hf)),

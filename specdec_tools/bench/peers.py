@@ -124,6 +124,6 @@ def start_all(peers: set[str], setups: list[str], target_cpu: int | None, option
         for kind in kinds_for(peers):
             try:
                 started.append(PeerProcess(kind, SETUPS[key], target_cpu, options))
-            except (RuntimeError, TimeoutError, ImportError, FileNotFoundError) as exc:
+            except (RuntimeError, TimeoutError, ImportError) as exc:
                 say(f"note: peer {kind} ({SETUPS[key].label}) skipped: {exc}")
     return started

@@ -188,9 +188,6 @@ def build(kind: str, target_ir: str, draft_ir: str, hf: str, k: int, threads: in
     if kind.startswith("llamacpp-"):
         from specdec_tools.bench.llamacpp_peer import LlamaCppScenario
 
-        if not target_gguf:
-            raise ValueError("llama.cpp needs the pair's GGUF files (a --pair prepared "
-                             "from GGUFs)")
         return LlamaCppScenario(target_gguf, draft_gguf if kind.endswith("speculative")
                                 else None, k, threads, tokenizer)
     if kind.startswith("hf-"):

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from specdec.model_pairs import QWEN_CODER
-from specdec.paths import default_home, tokenizer_dir
+from specdec.model_pairs import QWEN_CODER, gguf_dir
+from specdec.paths import tokenizer_dir
 from specdec.sampling import SamplingParams
 
 pytestmark = [pytest.mark.pair, pytest.mark.slow]
@@ -23,7 +23,7 @@ def test_llamacpp_speculative_equals_its_plain_greedy():
         llamacpp_peer.find_server()
     except FileNotFoundError as exc:
         pytest.skip(str(exc))
-    ggufs = [default_home() / "gguf" / m.parts.gguf for m in QWEN_CODER.models]
+    ggufs = [gguf_dir() / m.parts.gguf for m in QWEN_CODER.models]
     if not all(p.exists() for p in ggufs):
         pytest.skip("the pair's GGUF files are not joined: make prepare-pair")
     tokenizer = load_tokenizer(str(tokenizer_dir(QWEN_CODER.target.name)))
