@@ -188,13 +188,11 @@ class GrammarState:
         """Allowed tokens [len(drafts) + 1, width] (bool): row r after the first r drafts.
         The matcher consumes the drafts it allows; rows after a refused draft allow
         everything (the round is decided at the refused draft; nothing later is used)."""
-        from llguidance.torch import allocate_token_bitmask, fill_next_token_bitmask
-
         # (a refused token would put the matcher in its error state for good)
         valid = self.matcher.validate_tokens(list(drafts)) + 1
-        bits = allocate_token_bitmask(len(drafts) + 1, width)
+        bits = torch.full((len(drafts) + 1, (width + 31) // 32), -1, dtype=torch.int32)
         for r in range(valid):
-            fill_next_token_bitmask(self.matcher, bits, r)
+            fill_mask(self.matcher, bits[r])
             self._check()  # e.g. a parser limit: an error, not an end-of-sequence-only row
             if r < valid - 1:
                 self.consume(drafts[r])
@@ -233,6 +231,16 @@ class GrammarState:
         return False
 
 
+def fill_mask(matcher, row: torch.Tensor) -> None:
+    """Write the matcher's next-token bitmask into `row` (int32, contiguous, CPU), as
+    llguidance.torch's fill_next_token_bitmask does. That module is not imported: it
+    decorates a function with torch.compile at import, which loads TorchDynamo, sympy
+    and networkx (~110 MiB of every service's RSS, measured on the pair's draft)."""
+    if row.dtype != torch.int32 or not row.is_contiguous() or row.device.type != "cpu":
+        raise ValueError("a grammar mask row must be contiguous int32 on the CPU")
+    matcher.unsafe_compute_mask_ptr(row.data_ptr(), row.numel() * row.element_size())
+
+
 def unpack(bits: torch.Tensor, width: int) -> torch.Tensor:
     """llguidance's bitmask [rows, ceil(width / 32)] int32 as bool [rows, width]."""
     shifts = torch.arange(32, dtype=torch.int32)
@@ -266,11 +274,9 @@ class Grammars:
                                   f"does not convert for llguidance ({e})") from e
 
     def warm(self) -> threading.Thread:
-        """Build the vocabulary and load the mask code in the background (about a
-        second), so that the first constrained request does not pay it in its deadline."""
+        """Build the vocabulary in the background (about a second for a 150k
+        vocabulary), so that the first constrained request does not pay it in its deadline."""
         def build():
-            import llguidance.torch  # noqa: F401 - its first import is the slow part
-
             try:
                 self.vocabulary  # noqa: B018 - cached
             except InvalidArgument as e:  # said again to each constrained request

@@ -145,7 +145,9 @@ def add_model_service_flags(p: argparse.ArgumentParser, default_port: int,
     p.add_argument("--max-batch-tokens", type=int, default=D.max_batch_tokens,
                    help="continuous batching: most tokens fed in one forward pass; queued "
                         "steps past it wait for the next pass, and a larger prefill runs "
-                        "alone (default: %(default)s)")
+                        "alone, in passes of at most this many tokens (the plugin's "
+                        "working memory grows with the largest pass) (default: "
+                        "%(default)s)")
     p.add_argument("--batch-linger-ms", type=float, default=D.batch_linger_ms, metavar="MS",
                    help="continuous batching: wait this long for more requests before each "
                         "pass; 0 = never wait, take what is queued (default: %(default)s)")

@@ -4,8 +4,9 @@ Requests (Verify, Propose) run in their own threads; each forward pass they need
 *step* (a session and the tokens to feed it) handed to the one scheduler thread. While a
 pass runs, new steps queue. When it ends, the scheduler takes every queued step, oldest
 first, up to a budget of tokens (`max_batch_tokens`; a step larger than the budget runs
-alone), into the next pass: continuous batching as vLLM (Kwon et al. 2023) and TGI do
-it, with no fixed window. Sessions join and leave between passes.
+alone, and CachedModel feeds it in budget-sized passes), into the next pass: continuous
+batching as vLLM (Kwon et al. 2023) and TGI do it, with no fixed window. Sessions join
+and leave between passes.
 
 Keeping sessions together. A step submitted with `more=True` says the same session may
 send its next step soon after this one's result: the next token of a Propose (certain),

@@ -103,6 +103,7 @@ def sampled_check(cfg: DraftConfig, target_client, target_server, max_new_tokens
 
 
 @pytest.mark.slow
+@pytest.mark.long  # the same math as skipping on the fly's, which `make test` checks
 def test_sampled_output_with_a_layer_skip_draft_follows_the_target(tmp_home, target_client,
                                                                     target_server):
     """The chi-square test of the two-token joint law (as for the model draft), with the

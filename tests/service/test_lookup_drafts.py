@@ -133,8 +133,9 @@ def test_concurrent_hybrid_generations_equal_target_only(draft_client, target_cl
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", [pytest.param("lookup-no-draft", marks=pytest.mark.long),
-                                  "hybrid-pipelined"])
+@pytest.mark.parametrize("mode", [  # the look-up's point mass alone; with the model
+    "lookup-no-draft",                 # draft and pre-drafts: `make test-long`'s
+    pytest.param("hybrid-pipelined", marks=pytest.mark.long)])
 def test_sampled_lookup_keeps_the_target_distribution(draft_client, target_client,
                                                       target_server, mode):
     """Three-token joint law, with point-mass drafts from the look-up, which drafts from
