@@ -8,7 +8,7 @@ import time
 
 from specdec.runtime import heap
 from specdec.runtime.cached_model import CachedModel
-from specdec.service_config import ModelServiceConfig
+from specdec.service_config import ModelServiceConfig, quantization_group
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +57,8 @@ def _load_backend(cfg: ModelServiceConfig, skip: tuple[int, ...], order: tuple[i
                                rollback=cfg.ov_rollback,
                                inference_precision=cfg.inference_precision,
                                dynamic_quantization=cfg.dynamic_quantization != "off",
+                               dynamic_quantization_group=quantization_group(
+                                   cfg.dynamic_quantization),
                                compressed_weights=cfg.weights in ("int8", "int4"),
                                **({"prefix_cache": cfg.prefix_cache} if paged else {}))
     from specdec.runtime.models import load

@@ -11,6 +11,20 @@ import argparse
 import functools
 from dataclasses import dataclass
 
+
+def dynamic_quantization(text: str) -> str:
+    """--dynamic-quantization's value: auto, off, or a group size (a multiple of 32)."""
+    if text in ("auto", "off") or (text.isdigit() and int(text) > 0 and int(text) % 32 == 0):
+        return text
+    raise argparse.ArgumentTypeError(f"expected auto, off or a group size that is a "
+                                     f"positive multiple of 32, got {text!r}")
+
+
+def quantization_group(value: str) -> int:
+    """The group size --dynamic-quantization names; 0 for auto and off."""
+    return int(value) if value.isdigit() else 0
+
+
 # Continuous batching: most tokens fed in one forward pass (--max-batch-tokens).
 DEFAULT_MAX_BATCH_TOKENS = 2048
 
@@ -88,13 +102,15 @@ def add_model_service_flags(p: argparse.ArgumentParser, default_port: int,
                         "speculative output can differ from target-only output "
                         "(default: %(default)s)")
     p.add_argument("--dynamic-quantization", default=default_dynamic_quantization,
-                   choices=["auto", "off"],
+                   type=dynamic_quantization, metavar="auto|off|GROUP",
                    help="openvino, int8/int4 weights: auto = the CPU plugin's default, which "
-                        "quantizes activations in passes of more than one token, so a "
-                        "position's logits change (by up to ~1 here) with the pass's size; "
-                        "off = logits that depend on the prefix alone, as contrastive "
-                        "decoding needs of its amateur (it refuses a draft without it) "
-                        "(default: %(default)s)")
+                        "quantizes activations to int8 in groups of 32 in passes of more "
+                        "than one token, so a position's logits change (by up to ~1 here) "
+                        "with the pass's size; GROUP = the same in groups of this many "
+                        "(a multiple of 32; larger is faster and coarser); off = logits "
+                        "that depend on the prefix alone, as contrastive decoding needs of "
+                        "its amateur (it refuses a draft without it) (default: "
+                        "%(default)s)")
     p.add_argument("--performance-hint", default=D.performance_hint,
                    choices=["LATENCY", "THROUGHPUT", "CUMULATIVE_THROUGHPUT"],
                    help="openvino: the plugin's performance hint (default: %(default)s)")

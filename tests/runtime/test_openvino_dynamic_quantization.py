@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from specdec.runtime.models import TINY_DRAFT
+from specdec.runtime.openvino_backend import OpenVINOBackend
 from specdec.runtime.openvino_export import export_tiny
 from specdec.runtime.openvino_paged import PagedOpenVINOBackend
 
@@ -63,3 +64,26 @@ def test_on_the_paged_backend_feeds_every_position_as_one_token(ir_dir):
     assert torch.equal(together, one[:1])
     on.one_token_rows = False  # the draft's setting: chunks are computed another way
     assert not all(torch.equal(rows(on, chunk), rows(on, 1)) for chunk in (2, 3, 6))
+
+
+
+@pytest.mark.parametrize("kind", [PagedOpenVINOBackend, OpenVINOBackend])
+def test_a_group_size_reaches_the_plugin_and_rows_stay_pass_independent(ir_dir, kind):
+    """--dynamic-quantization GROUP: the plugin quantizes in groups of GROUP, and the
+    paged backend's one-token rows keep a position's logits bit-equal whatever its pass
+    held, as at the default group size (64 divides this model's widths, 64 and 128)."""
+    backend = kind(ir_dir, "CPU", threads=1, model_id=TINY_DRAFT, compressed_weights=True,
+                   dynamic_quantization_group=64)
+    assert int(backend.compiled.get_property("DYNAMIC_QUANTIZATION_GROUP_SIZE")) == 64
+    if kind is PagedOpenVINOBackend:
+        one = rows(backend, 1)
+        for chunk in (2, 6):
+            assert torch.equal(rows(backend, chunk), one), chunk
+
+
+def test_a_group_that_does_not_divide_the_widths_is_refused(ir_dir):
+    """Group 128 on a model 64 wide: its rows changed with the pass even fed one token
+    at a time (measured before this check), so the backend refuses it and says why."""
+    with pytest.raises(ValueError, match=r"does not divide this model's matmul widths \[64\]"):
+        PagedOpenVINOBackend(ir_dir, "CPU", threads=1, model_id=TINY_DRAFT,
+                             compressed_weights=True, dynamic_quantization_group=128)
