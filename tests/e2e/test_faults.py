@@ -65,6 +65,7 @@ def test_draft_killed_mid_generation_falls_back_to_target_only():
         target.stop()
 
 
+@pytest.mark.long  # make test's soak (tests/soak) restarts a target mid-run, outputs checked
 def test_target_restarted_mid_generation_repins_to_the_other_replica():
     targets = [start_service(TARGET) for _ in range(2)]
     draft = start_service(DRAFT)
