@@ -175,9 +175,15 @@ class OpenVINOBackend(BackendDefaults):
         self._lock = threading.Lock()
 
     def _compile(self, core, xml: Path, device: str, config: dict):
+        return core.compile_model(self._read_model(core, xml, config), device, config)
+
+    @staticmethod
+    def _read_model(core, xml: Path, config: dict):
+        """The IR's model, refused if its matmuls do not take the activation group the
+        config asks for (check_quantization_group)."""
         model = core.read_model(str(xml))
         check_quantization_group(model, config.get("DYNAMIC_QUANTIZATION_GROUP_SIZE", 0))
-        return core.compile_model(model, device, config)
+        return model
 
     def release_mapped_weights(self) -> int:
         """After the passes that made the plugin repack its weights (a warm-up), drop

@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from specdec.runtime.blocks import BlockPool, BlockTable
-from specdec.runtime.openvino_backend import OpenVINOBackend, check_quantization_group
+from specdec.runtime.openvino_backend import OpenVINOBackend
 from specdec.runtime.prefix_cache import PrefixCache, PrefixCacheStats
 
 log = logging.getLogger(__name__)
@@ -96,8 +96,7 @@ class PagedOpenVINOBackend(OpenVINOBackend):
     def _compile(self, core, xml: Path, device: str, config: dict):
         from openvino._offline_transformations import paged_attention_transformation
 
-        model = core.read_model(str(xml))
-        check_quantization_group(model, config.get("DYNAMIC_QUANTIZATION_GROUP_SIZE", 0))
+        model = self._read_model(core, xml, config)
         paged_attention_transformation(model)
         self._gathers = _gather_before_lm_head(model)
         compiled = core.compile_model(model, device, _kv_matching_compute(core, device, config))
