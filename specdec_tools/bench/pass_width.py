@@ -36,20 +36,26 @@ from tqdm import tqdm
 WARM = 2  # passes of each run not counted (the first after a width change, and one more)
 
 
-def _time_pass(backend, cache, tokens: list[int]) -> float:
+def _time_pass(backend, caches: list, rows: list[list[int]]) -> float:
+    """One pass feeding rows[i] to caches[i] (every session the same width), then each
+    cache cropped back to one token more than it held."""
     t0 = time.perf_counter()
-    backend.forward_batch([(cache, tokens, len(tokens))])
+    backend.forward_batch([(c, tokens, len(tokens)) for c, tokens in zip(caches, rows,
+                                                                         strict=True)])
     seconds = time.perf_counter() - t0
-    backend.crop(cache, backend.cache_len(cache) - len(tokens) + 1)
+    for c, tokens in zip(caches, rows, strict=True):
+        backend.crop(c, backend.cache_len(c) - len(tokens) + 1)
     return seconds
 
 
 def measure(backend, vocab: int, widths: list[int], passes: int, repeats: int,
-            prompt_tokens: int, seed: int = 0, progress: bool = True) -> list[dict]:
+            prompt_tokens: int, seed: int = 0, progress: bool = True,
+            sessions: int = 1) -> list[dict]:
     """One row per width: median ms of a pass in a run of equal widths, and of each kind
-    of pass when widths 1 and w alternate."""
+    of pass when widths 1 and w alternate. `sessions`: each pass feeds that many
+    sessions the width each (a lockstep step of that many generations)."""
     rng = random.Random(seed)
-    prompt = [rng.randrange(vocab) for _ in range(prompt_tokens)]
+    prompts = [[rng.randrange(vocab) for _ in range(prompt_tokens)] for _ in range(sessions)]
     const: dict[int, list[float]] = {w: [] for w in widths}
     alt: dict[int, tuple[list[float], list[float]]] = {w: ([], []) for w in widths}
     bar = tqdm(total=repeats * len(widths), desc="bench-pass-width", unit="width",
@@ -57,11 +63,14 @@ def measure(backend, vocab: int, widths: list[int], passes: int, repeats: int,
     for _ in range(repeats):
         for w in widths:
             for pattern in ([w], [1, w]) if w > 1 else ([w],):
-                cache = backend.new_cache()
-                backend.forward_batch([(cache, prompt, 1)])
+                caches = [backend.new_cache() for _ in prompts]
+                backend.forward_batch([(c, p, 1) for c, p in zip(caches, prompts,
+                                                                 strict=True)])
                 for i in range(passes + WARM):
                     width = pattern[i % len(pattern)]
-                    s = _time_pass(backend, cache, [rng.randrange(vocab) for _ in range(width)])
+                    s = _time_pass(backend, caches, [[rng.randrange(vocab)
+                                                      for _ in range(width)]
+                                                     for _ in caches])
                     if i < WARM:
                         continue
                     if len(pattern) == 1:
@@ -191,18 +200,25 @@ def run(args: argparse.Namespace) -> int:
     replay_names = _replay_names(args.replay)  # an unknown one fails before the model loads
     if replay_names:  # every width a look-up round can have (up to 8 drafts)
         widths = sorted(set(widths) | set(range(1, LookupSettings().max_tokens + 2)))
+    if args.sessions < 1:
+        print("error: --sessions must be >= 1", file=sys.stderr)
+        return 2
     cfg = ModelServiceConfig(model=args.model, backend="openvino", weights=args.weights,
-                             inference_precision=args.precision, threads=args.threads)
-    print(f"== loading {args.model} ({args.weights}, {args.precision}, paged OpenVINO, "
-          f"{args.threads} thread(s))", file=sys.stderr, flush=True)
+                             inference_precision=args.precision, threads=args.threads,
+                             dynamic_quantization=args.dynamic_quantization)
+    print(f"== loading {args.model} ({args.weights}, {args.precision}, activation "
+          f"quantization {args.dynamic_quantization}, paged OpenVINO, {args.threads} "
+          f"thread(s))", file=sys.stderr, flush=True)
     backend = load_backend(cfg)
     rows = measure(backend, backend.vocab_size, widths, args.passes, args.repeats,
-                   args.prompt_tokens)
+                   args.prompt_tokens, sessions=args.sessions)
     replays = _replays(args, replay_names, backend, rows) if replay_names else []
     meta = {"command": " ".join(["specdec"] + sys.argv[1:]), "date": time.strftime("%Y-%m-%d"),
-            "backend": f"{args.model}, {args.weights} weights, {args.precision}, paged "
+            "backend": f"{args.model}, {args.weights} weights, {args.precision}, "
+                       f"activation quantization {args.dynamic_quantization}, paged "
                        f"OpenVINO, {args.threads} thread(s), CPU "
-                       f"{sorted(os.sched_getaffinity(0))}"}
+                       f"{sorted(os.sched_getaffinity(0))}, {args.sessions} session(s) "
+                       f"a pass"}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     md = markdown(rows, meta) + replay_markdown(replays)
@@ -216,6 +232,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def add_parser(sub) -> None:
+    from specdec.service_config import dynamic_quantization
+
     p = sub.add_parser(
         "bench-pass-width", help="a target pass's cost by width, and a width change's",
         description="Times the target's forward pass (the paged OpenVINO graph the target "
@@ -228,6 +246,15 @@ def add_parser(sub) -> None:
     p.add_argument("--precision", default="f32",
                    help="inference precision, as the target's --inference-precision "
                         "(default: %(default)s)")
+    p.add_argument("--dynamic-quantization", default="auto", type=dynamic_quantization,
+                   metavar="auto|off|GROUP",
+                   help="int8/int4 weights: the activation quantization, as the services' "
+                        "flag (auto = the CPU plugin's groups of 32; GROUP = groups of this "
+                        "many; off) (default: %(default)s)")
+    p.add_argument("--sessions", type=int, default=1,
+                   help="sessions fed in each pass, the width each (a lockstep step of "
+                        "this many generations; --replay uses the same table) (default: "
+                        "%(default)s)")
     p.add_argument("--threads", type=int, default=1,
                    help="inference threads (default: %(default)s, as the benches' target)")
     p.add_argument("--cpu", type=int, default=None,

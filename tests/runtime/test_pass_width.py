@@ -82,3 +82,43 @@ def test_cli_replays_the_look_up_over_the_targets_greedy_text(tmp_path):
     with pytest.raises(SystemExit, match="unknown prompt"):
         main(["bench-pass-width", "--model", "tiny-random", "--widths", "2", "--passes", "2",
               "--repeats", "1", "--replay", "poetry", "--out", str(tmp_path)])
+
+
+def test_each_pass_feeds_every_session_the_width(backend):
+    fed = []  # per pass: (cached lengths before, widths)
+    forward = backend.forward_batch
+
+    def recording(items):
+        fed.append(([backend.cache_len(c) for c, _, _ in items], [len(t) for _, t, _ in items]))
+        return forward(items)
+
+    backend.forward_batch = recording
+    try:
+        rows = measure(backend, backend.vocab_size, [1, 2], passes=2, repeats=1,
+                       prompt_tokens=5, progress=False, sessions=3)
+    finally:
+        del backend.forward_batch
+    assert all(len(widths) == 3 and len(set(widths)) == 1 for _, widths in fed)
+    runs = []
+    for lengths, widths in fed:
+        if widths[0] == 5:  # the sessions' prompts: a new run starts
+            runs.append([])
+        else:
+            runs[-1].append((lengths, widths[0]))
+    assert [[w for _, w in r] for r in runs] == [[1] * 4, [2] * 4, [1, 2] * 2]
+    for r in runs:  # every session cropped back to one more token a pass
+        assert [lengths for lengths, _ in r] == [[n] * 3 for n in range(5, 5 + len(r))]
+    assert [r["width"] for r in rows] == [1, 2]
+
+
+def test_cli_sessions_and_activation_groups(tmp_path):
+    assert main(["bench-pass-width", "--model", "tiny-random", "--weights", "int8",
+                 "--dynamic-quantization", "64", "--sessions", "2", "--widths", "2",
+                 "--passes", "2", "--repeats", "1", "--prompt-tokens", "4",
+                 "--out", str(tmp_path)]) == 0
+    meta = json.loads((tmp_path / "pass_width.json").read_text())["meta"]
+    assert "int8 weights" in meta["backend"] and "activation quantization 64" in meta["backend"]
+    assert "2 session(s) a pass" in meta["backend"]
+    assert main(["bench-pass-width", "--sessions", "0", "--out", str(tmp_path)]) == 2
+    with pytest.raises(SystemExit):  # argparse: not a multiple of 32
+        main(["bench-pass-width", "--dynamic-quantization", "48", "--out", str(tmp_path)])
