@@ -58,6 +58,7 @@ def add_parsers(sub) -> None:
     from specdec_tools.bench.load import add_parser as add_load
     from specdec_tools.bench.params import add_parser as add_bench_params
     from specdec_tools.bench.pass_width import add_parser as add_bench_pass_width
+    from specdec_tools.bench.predraft_replay_cli import add_parser as add_replay_predraft
     from specdec_tools.bench.tls_overhead import add_parser as add_bench_tls
     from specdec_tools.demo import add_parser as add_demo
     from specdec_tools.pairbench import add_parser as add_pairbench
@@ -68,5 +69,6 @@ def add_parsers(sub) -> None:
 
     for add in (add_demo, add_pairbench, add_bench, add_load, add_bench_tls, add_soak, add_eval,
                 add_tune_skip, add_bench_skip, add_bench_drafters, add_bench_pass_width,
-                add_bench_batch_rpc, add_bench_draft_head, add_bench_scale, add_bench_params):
+                add_bench_batch_rpc, add_bench_draft_head, add_bench_scale, add_bench_params,
+                add_replay_predraft):
         add(sub)
