@@ -151,13 +151,16 @@ class Engine:
 
     def _fetch(self, gens: list[Generation], candidates: list, ks: list[int]) -> float:
         """Draft what this step's Verify must wait for: every round's drafts when
-        sequential, else those of the rounds whose pre-draft missed (`_to_fetch`).
-        Returns the seconds it took."""
+        sequential, else those of the rounds whose pre-draft missed (`_to_fetch`), the
+        planner's fetch_drafts of them. Returns the seconds it took."""
         chosen = range(len(gens)) if not self.pipelined else self._to_fetch(candidates, ks)
         if not chosen:
             return 0.0
-        seconds, answers = calls.fetch([gens[i] for i in chosen], [ks[i] for i in chosen],
-                                       guess=self.pipelined)
+        # Pipelined, a miss is made up for by the planner's fetch_drafts (its round's
+        # pre-draft is still sized K); sequential, every round's drafts are fetched.
+        cap = self.planner.fetch_drafts if self.pipelined else max(ks, default=0)
+        seconds, answers = calls.fetch([gens[i] for i in chosen],
+                                       [min(ks[i], cap) for i in chosen], guess=self.pipelined)
         if answers:
             measure_drafting(self.planner.costs, answers, seconds)
         return seconds

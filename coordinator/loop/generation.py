@@ -20,8 +20,8 @@ import torch
 
 from coordinator.drafters.base import MODEL, NO_DRAFTS, Outcome
 from coordinator.loop.acceptance import Acceptance, Priors, kind_of
-from coordinator.loop.plan import Candidate
 from coordinator.loop.round import Round, RoundOutput, trim
+from coordinator.loop.step_model import Candidate
 from coordinator.record import LoopStats, Recorder, RoundResult
 from coordinator.remote.clients import WireBytes
 from coordinator.remote.link import DraftLink, TargetLink

@@ -192,3 +192,31 @@ def test_every_item_s_bytes_are_counted_once(engines, pipeline):
         loop.close()
     assert stats.drafted_tokens > 0
     assert (stats.bytes_sent, stats.bytes_received) == (sizes["sent"], sizes["received"])
+
+
+@pytest.mark.parametrize("fetch_drafts", [1, 4])
+def test_a_missed_pre_draft_fetches_the_planners_fetch_drafts(engines, expected,
+                                                              monkeypatch, fetch_drafts):
+    """Pipelined, a round whose pre-draft missed fetches at most the planner's
+    fetch_drafts drafts (its pre-draft for the next round is still sized K); the output
+    is the target's either way."""
+    from coordinator.loop import calls
+
+    fetched = []
+    fetch = calls.fetch
+
+    def recording(gens, ks, guess=False):
+        fetched.extend(ks)
+        return fetch(gens, ks, guess)
+
+    monkeypatch.setattr(calls, "fetch", recording)
+    draft, target = DraftInProcess(engines[0]), TargetInProcess(engines[1])
+    loop = SpeculativeLoop(draft, target, LoopPolicy(pipeline=True, drafter="model"))
+    loop.planner.fetch_drafts = fetch_drafts
+    try:
+        outs = [loop.generate(p, 40, GREEDY, 4) for p in PROMPTS[:4]]
+    finally:
+        loop.close()
+    assert [o.token_ids for o in outs] == [expected[tuple(p)] for p in PROMPTS[:4]]
+    assert fetched and max(fetched) == fetch_drafts  # a miss happened, and was fetched so
+    assert sum(o.stats.drafted_tokens for o in outs) > 0

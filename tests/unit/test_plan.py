@@ -12,16 +12,8 @@ import pytest
 from coordinator.loop.acceptance import Acceptance, Priors, kind_of
 from coordinator.loop.calibration import Calibration
 from coordinator.loop.costs import MIN_SAMPLES, Costs, Fit
-from coordinator.loop.plan import (
-    OTHER_END_EVERY,
-    PROBE_EVERY,
-    PROBE_REASON,
-    Candidate,
-    Planner,
-    _Step,
-    chain,
-    expected_max,
-)
+from coordinator.loop.plan import OTHER_END_EVERY, PROBE_EVERY, PROBE_REASON, Planner
+from coordinator.loop.step_model import Candidate, StepModel, chain, expected_max
 from specdec.sampling import SamplingParams
 
 
@@ -183,7 +175,7 @@ def test_clear_gains_are_not_probed():
 def test_close_goodputs_choose_the_longer_round():
     planner = Planner(default_k=4, k_max=8)
     teach(planner)
-    step = _Step(planner, gens(1, a=0.9), [0])
+    step = StepModel(planner, gens(1, a=0.9), [0])
     best = step.best_k(0)
     rates = []
     for k in range(9):
@@ -203,6 +195,21 @@ def test_chain_tokens_and_misses():
     assert extra == pytest.approx((1 - hold) / 0.2 - 1) and drafts == 3
     assert miss == pytest.approx(1 - hold)
     assert chain(0.9, 0) == (0.0, 0.0, 0.0)
+    assert chain(0.8, 3, fetch=True, fetched=3) == chain(0.8, 3, fetch=True)
+
+
+def test_chain_with_a_shorter_fetch_after_a_miss():
+    """A miss fetches 1 draft: that round's tokens are 1 + a, its pre-draft holds with
+    a^2; in the long run the rounds with K drafts are held / (1 - hold + held) of them."""
+    a, k = 0.7, 3
+    hold, hold_1 = a ** 4, a ** 2
+    held = hold_1 / (1 - hold + hold_1)
+    extra, drafts, miss = chain(a, k, fetch=True, fetched=1)
+    assert extra == pytest.approx(held * ((1 - hold) / (1 - a) - 1) + (1 - held) * a)
+    assert drafts == pytest.approx(held * 3 + (1 - held) * 1)
+    assert miss == pytest.approx(1 - held)
+    # held more often than with K fetched (a^2 > a^4), each fetched round verifies less
+    assert miss < chain(a, k, fetch=True)[2] and drafts < 3
 
 
 def test_expected_max_of_two_noisy_calls():
@@ -283,7 +290,7 @@ def test_all_drafting_is_left_when_none_drafting_is_better_though_no_one_gains_a
     teach(planner, busy_cost=0.03, plain_every=3)
     g = gens(16, a=0.7)
     stuck = planner._ascend(g, [4] * 16, list(range(16)))  # from the last step's K
-    plain = _Step(planner, g, [0] * 16)
+    plain = StepModel(planner, g, [0] * 16)
     assert sum(stuck.ks) > 0 and stuck.goodput() < 0.8 * plain.goodput()
     planner._previous = {i: 4 for i in range(16)}
     # past FULL_SEARCH generations the other end is climbed every OTHER_END_EVERY steps
