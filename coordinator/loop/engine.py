@@ -151,33 +151,35 @@ class Engine:
 
     def _fetch(self, gens: list[Generation], candidates: list, ks: list[int]) -> float:
         """Draft what this step's Verify must wait for: every round's drafts when
-        sequential, else those of the rounds whose pre-draft missed (`_to_fetch`), the
-        planner's fetch_drafts of them. Returns the seconds it took."""
-        chosen = range(len(gens)) if not self.pipelined else self._to_fetch(candidates, ks)
+        sequential, else those of the rounds whose pre-draft missed (`_to_fetch`), as
+        many as the planner's fetch_size (its round's pre-draft is still sized K).
+        Returns the seconds it took."""
+        if self.pipelined:
+            chosen, size = self._to_fetch(candidates, ks)
+        else:
+            chosen, size = range(len(gens)), max(ks, default=0)
         if not chosen:
             return 0.0
-        # Pipelined, a miss is made up for by the planner's fetch_drafts (its round's
-        # pre-draft is still sized K); sequential, every round's drafts are fetched.
-        cap = self.planner.fetch_drafts if self.pipelined else max(ks, default=0)
         seconds, answers = calls.fetch([gens[i] for i in chosen],
-                                       [min(ks[i], cap) for i in chosen], guess=self.pipelined)
+                                       [min(ks[i], size) for i in chosen],
+                                       guess=self.pipelined)
         if answers:
             measure_drafting(self.planner.costs, answers, seconds)
         return seconds
 
-    def _to_fetch(self, candidates: list, ks: list[int]) -> list[int]:
-        """The generations to draft for before this step's Verify, pipelined: those whose
-        pre-draft missed (none at hand) and whose draft session is warm (a cold one
-        prefills beside the target's prefill instead, its first token standing for the
-        target's), when the planner judges it pays. A sampled request that set K never
-        waits (its round after a miss has no model drafts while the next pre-draft starts
-        from the corrected ids), so that its rounds, and a seeded text, do not depend on
-        timing; a greedy one may, its output being the target's whatever the drafts."""
+    def _to_fetch(self, candidates: list, ks: list[int]) -> tuple[list[int], int]:
+        """The generations to draft for before this step's Verify, pipelined, and how
+        many drafts each (at most its K): those whose pre-draft missed (none at hand)
+        and whose draft session is warm (a cold one prefills beside the target's prefill
+        instead, its first token standing for the target's), when the planner judges it
+        pays (Planner.fetch_size). A sampled request that set K never waits (its round
+        after a miss has no model drafts while the next pre-draft starts from the
+        corrected ids), so that its rounds, and a seeded text, do not depend on timing;
+        a greedy one may, its output being the target's whatever the drafts."""
         missing = [i for i, c in enumerate(candidates) if ks[i] and c.drafts_with_model
                    and not c.ready and not c.cold and (c.greedy or not c.fixed)]
-        if missing and self.planner.fetch_pays(candidates, ks, missing):
-            return missing
-        return []
+        size = self.planner.fetch_size(candidates, ks, missing) if missing else 0
+        return (missing, size) if size else ([], 0)
 
     def _settle(self, r: Round, part) -> None:
         """Run one generation's part of the step; its own failure ends it alone."""

@@ -42,6 +42,7 @@ class Planner:
                  fetch_drafts: int = FETCH_DRAFTS):
         self.default_k, self.k_max = default_k, k_max
         self.fetch_drafts = fetch_drafts  # drafts fetched after a miss, at most K
+        self.fetch_now = fetch_drafts  # ... this step (_choose_fetch)
         self.adaptive = adaptive  # False: every generation drafts its cap
         self.costs = Costs()
         self.last_k = 0  # the step's largest K (metrics, tests)
@@ -71,6 +72,7 @@ class Planner:
         if not self.adaptive or not gens or not self.costs.ready or not variable:
             self.last_k = max(default, default=0)
             self._predict(gens, default)
+            self._choose_fetch(gens, default)
             return default
         keys = keys if keys is not None else list(range(len(gens)))
         start = list(default)
@@ -108,7 +110,23 @@ class Planner:
         self._previous = {keys[i]: ks[i] for i in variable}
         self.last_k = max(ks, default=0)
         self._predict(gens, ks)
+        self._choose_fetch(gens, ks)
         return ks
+
+    def _choose_fetch(self, gens: list[Candidate], ks: list[int]) -> None:
+        """The drafts a lone generation fetches after a miss this step: fetch_drafts or
+        its whole K, whichever the step's model gives the more tokens per second in the
+        long run (a short fetch waits less and its round's pre-draft holds more often,
+        a^(f+1); a whole K verifies more in the round). Fetching 1 wins where the draft's
+        passes are dear (the Qwen2.5-Coder pair), K where a call costs more than its
+        passes (the tiny models)."""
+        self.fetch_now = self.fetch_drafts
+        if len(gens) != 1 or not ks[0] or not gens[0].drafts_with_model \
+                or not self.costs.ready:
+            return
+        sizes = sorted({min(self.fetch_drafts, ks[0]), ks[0]})
+        if len(sizes) > 1:
+            self.fetch_now = max(sizes, key=lambda f: StepModel(self, gens, ks, f).goodput())
 
     def _ascend(self, gens: list[Candidate], start: list[int], variable: list[int]) -> StepModel:
         """Coordinate ascent from `start` over the variable generations, the most
@@ -197,38 +215,45 @@ class Planner:
                                else f"acceptance {a:.2f}, but the draft's catch-up does not "
                                     f"pay for the {step.gens[j].remaining} tokens left")
 
-    def fetch_pays(self, gens: list[Candidate], ks: list[int], missing: list[int]) -> bool:
-        """Whether this step should draft first for the generations in `missing` (their
-        pre-draft missed), so that their rounds have drafts, rather than verify them
-        without: every generation then waits for the draft. Judged on this step's
-        expected tokens per second. Before the costs are measured: only when nobody has
-        drafts at hand and no draft session is cold (a prefill: the two services then
-        prefill side by side instead, while the target decodes the first token alone)."""
+    def fetch_size(self, gens: list[Candidate], ks: list[int], missing: list[int]) -> int:
+        """How many drafts (at most each one's K) this step should draft first for the
+        generations in `missing` (their pre-draft missed), so that their rounds have
+        drafts, rather than verify them without: every generation then waits for the
+        draft. 0: none. The size is this step's choice (`_choose_fetch`); whether to fetch
+        at all is judged on this step's expected tokens per second. Before the costs are
+        measured: fetch_drafts, only when nobody has drafts at hand and no draft session
+        is cold (a prefill: the two services then prefill side by side instead, while the
+        target decodes the first token alone)."""
         c = self.costs
         if not c.ready:
-            return all(not g.ready for g in gens) and not any(gens[i].cold for i in missing)
-        fetched = {i: min(ks[i], self.fetch_drafts) for i in missing}
-        exp = []
-        for i, g in enumerate(gens):
-            a, k = min(g.acceptance, 0.99), fetched.get(i, ks[i])
-            exp.append((1 - a ** (k + 1)) / (1 - a) if k and g.drafts_with_model else 1.0)
+            fetch = all(not g.ready for g in gens) and not any(gens[i].cold for i in missing)
+            return self.fetch_drafts if fetch else 0
         ready = [i for i, g in enumerate(gens) if g.ready and ks[i]]
-        base_tokens = sum(exp[i] for i in ready) + len(gens) - len(ready)
+        tokens = [_round_tokens(g.acceptance, ks[i]) if i in ready else 1.0
+                  for i, g in enumerate(gens)]
+        base_tokens = sum(tokens)
         target = len(gens) + sum(ks[i] for i in ready)
         prefill = sum(g.extra_target_tokens for g in gens)
         drafting_n = len(ready) + len(missing)
         drafting = c.draft_s(max(ks) + 1, drafting_n, 2 * drafting_n)
         o = c.overhead_s(len(gens), drafting_n)
         without = base_tokens / (max(c.verify_s(target, prefill, True), drafting) + o)
-        first = c.draft_s(max(fetched.values()) + 1, len(missing),
+        fetched = [min(ks[i], self.fetch_now) for i in missing]
+        first = c.draft_s(max(fetched) + 1, len(missing),
                           sum(gens[i].catch_up for i in missing))
-        more = sum(exp[i] - 1 for i in missing)
-        extra = sum(fetched.values())
+        more = sum(_round_tokens(gens[i].acceptance, f) - 1
+                   for i, f in zip(missing, fetched, strict=True))
         with_ = (base_tokens + more) / (
-            first + max(c.verify_s(target + extra, prefill, True), drafting) + o)
-        return with_ > without
+            first + max(c.verify_s(target + sum(fetched), prefill, True), drafting) + o)
+        return self.fetch_now if with_ > without else 0
 
     def describe(self) -> str:
         return (f"{self.costs.summary()}; delivered/predicted at "
                 f"{self.predicted[3]} generations: "
                 f"{self.calibration.describe(self.predicted[3])}")
+
+
+def _round_tokens(a: float, k: int) -> float:
+    """The expected tokens of a round verifying k drafts at per-token acceptance a."""
+    a = min(a, 0.99)
+    return (1 - a ** (k + 1)) / (1 - a) if k > 0 else 1.0

@@ -100,7 +100,8 @@ def expected_max(a: float, b: float, spread: float) -> float:
 class StepModel:
     """A step's aggregates, so that one generation's K changes in O(1)."""
 
-    def __init__(self, planner, gens: list[Candidate], ks: list[int]):
+    def __init__(self, planner, gens: list[Candidate], ks: list[int],
+                 fetch_drafts: int | None = None):
         c = planner.costs
         self.t = c.target.coef()
         self.p = c.draft_pass.coef()
@@ -109,7 +110,8 @@ class StepModel:
         self.sv, self.sp, self.sf = c.target.scale, c.draft_pass.scale, c.draft_first.scale
         n = len(gens)
         self.cal = planner.calibration.factors(n)  # by Calibration.share
-        self.fetch_drafts = planner.fetch_drafts
+        # drafts fetched after a miss (None: the planner's fetch_drafts)
+        self.fetch_drafts = planner.fetch_drafts if fetch_drafts is None else fetch_drafts
         self.gens, self.ks = gens, list(ks)
         self.prefill = sum(g.extra_target_tokens for g in gens)
         self.tokens = float(len(gens))
@@ -134,7 +136,7 @@ class StepModel:
     def _compute_part(self, i: int, k: int) -> tuple[float, float, float, float]:
         g = self.gens[i]
         k = min(k, g.cap)
-        # Alone, a missed pre-draft is fetched (the engine's fetch_pays, in practice
+        # Alone, a missed pre-draft is fetched (the planner's fetch_size, in practice
         # always with one generation); with others, a miss costs its next round's drafts.
         fetch = len(self.gens) == 1 and (g.greedy or not g.fixed)
         f = min(k, self.fetch_drafts)

@@ -195,28 +195,31 @@ def test_every_item_s_bytes_are_counted_once(engines, pipeline):
 
 
 @pytest.mark.parametrize("fetch_drafts", [1, 4])
-def test_a_missed_pre_draft_fetches_the_planners_fetch_drafts(engines, expected,
-                                                              monkeypatch, fetch_drafts):
-    """Pipelined, a round whose pre-draft missed fetches at most the planner's
-    fetch_drafts drafts (its pre-draft for the next round is still sized K); the output
-    is the target's either way."""
+def test_a_missed_pre_draft_fetches_the_planners_size(engines, expected, monkeypatch,
+                                                      fetch_drafts):
+    """Pipelined, a round whose pre-draft missed fetches the planner's size for the step
+    (its fetch_drafts, or the whole K where the model says so; its pre-draft for the
+    next round is still sized K); the output is the target's either way."""
     from coordinator.loop import calls
 
+    draft, target = DraftInProcess(engines[0]), TargetInProcess(engines[1])
+    loop = SpeculativeLoop(draft, target, LoopPolicy(pipeline=True, drafter="model"))
+    loop.planner.fetch_drafts = fetch_drafts
     fetched = []
     fetch = calls.fetch
 
     def recording(gens, ks, guess=False):
-        fetched.extend(ks)
+        fetched.append((list(ks), loop.planner.fetch_now))
         return fetch(gens, ks, guess)
 
     monkeypatch.setattr(calls, "fetch", recording)
-    draft, target = DraftInProcess(engines[0]), TargetInProcess(engines[1])
-    loop = SpeculativeLoop(draft, target, LoopPolicy(pipeline=True, drafter="model"))
-    loop.planner.fetch_drafts = fetch_drafts
     try:
         outs = [loop.generate(p, 40, GREEDY, 4) for p in PROMPTS[:4]]
     finally:
         loop.close()
     assert [o.token_ids for o in outs] == [expected[tuple(p)] for p in PROMPTS[:4]]
-    assert fetched and max(fetched) == fetch_drafts  # a miss happened, and was fetched so
+    assert fetched  # a miss happened, and was fetched for
+    assert all(len(ks) == 1 and ks[0] <= size for ks, size in fetched)
+    if fetch_drafts == 4:
+        assert max(ks[0] for ks, _ in fetched) == 4
     assert sum(o.stats.drafted_tokens for o in outs) > 0

@@ -261,6 +261,27 @@ def test_priors_are_kept_per_drafter_and_kind():
     assert priors.of("lookup", "greedy").prior == 0.7
 
 
+def test_a_lone_generation_fetches_1_where_draft_passes_are_dear_and_k_where_calls_are():
+    """After a miss a lone generation fetches fetch_drafts (1) where a draft pass costs a
+    good part of a Verify (the Qwen2.5-Coder pair: its round's own pre-draft then holds
+    more often and the target waits less), and its whole K where a call costs far more
+    than its passes (the tiny models: the K drafts come at about the price of one)."""
+    one = [Candidate(0.7, 3, True, greedy=True)]
+    pair = Planner(default_k=3, k_max=8)
+    teach(pair, verify=(0.143, 0.008), propose=(0.005, 0.038, 0.0005))
+    pair.plan(one)
+    assert pair.last_k > 0 and pair.fetch_now == 1
+    assert pair.fetch_size(one, [3], [0]) == 1  # and fetching it pays
+    tiny = Planner(default_k=3, k_max=8)
+    teach(tiny, verify=(0.005, 0.0005), propose=(0.010, 0.0005, 0.0001))
+    tiny.plan([Candidate(0.9, 3, True, greedy=True)])
+    assert tiny.fetch_now == tiny.last_k == 3
+    several = Planner(default_k=3, k_max=8)
+    teach(several, verify=(0.005, 0.0005), propose=(0.010, 0.0005, 0.0001))
+    several.plan(gens(2, a=0.9, cap=3))  # not alone: the planner's fetch_drafts
+    assert several.fetch_now == 1
+
+
 def test_a_request_that_set_k_is_fetched_for_only_when_greedy():
     """After a missed pre-draft, drafting first is the planner's call for a server-K
     generation and a greedy one that set K (its output is the target's whatever the
@@ -273,10 +294,10 @@ def test_a_request_that_set_k_is_fetched_for_only_when_greedy():
         missed = [Candidate(0.9, 4, True), Candidate(0.9, 4, True, fixed=True, greedy=True),
                   Candidate(0.9, 4, True, fixed=True), Candidate(0.9, 4, True, cold=True),
                   Candidate(0.9, 4, False)]
-        assert engine._to_fetch(missed[:3], [4, 4, 4]) == [0, 1]
+        assert engine._to_fetch(missed[:3], [4, 4, 4]) == ([0, 1], 1)
         # a cold draft session prefills beside the target instead; without a draft
         # model there is nothing to fetch
-        assert engine._to_fetch(missed, [4] * 5) == [0, 1]
+        assert engine._to_fetch(missed, [4] * 5) == ([0, 1], 1)
     finally:
         engine.close()
 
