@@ -34,8 +34,10 @@ AMORTISE_STEPS = 4.0  # a cold draft session's catch-up, as steps of drafting it
 # replica's threads stream, on the same cores; text whose acceptance runs in streaks
 # holds long pre-drafts more often than independent draws would).
 LONGER = 0.04
-# Drafts fetched after a missed pre-draft (at most the round's K): a fetch makes the
-# target wait for its passes, and its round's pre-draft is sized K anyway. Replayed on
+# Drafts fetched after a missed pre-draft (at most the round's K; a lone generation
+# fetches its whole K instead where the step's model says so, Planner._choose_fetch): a
+# fetch makes the target wait for its passes, and its round's pre-draft is sized K
+# anyway. Replayed on
 # the Qwen2.5-Coder pair's texts and pass costs (`specdec replay-predraft`): fetching 1
 # rather than K gave chat 1.66x against 1.51x (K=2) and code 2.50x against 2.41x (K=3);
 # 2 gave 1.57x and 2.48x at K=3. Measured through `specdec up` (`specdec bench
