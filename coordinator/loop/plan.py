@@ -219,8 +219,10 @@ class Planner:
         """How many drafts (at most each one's K) this step should draft first for the
         generations in `missing` (their pre-draft missed), so that their rounds have
         drafts, rather than verify them without: every generation then waits for the
-        draft. 0: none. The size is this step's choice (`_choose_fetch`); whether to fetch
-        at all is judged on this step's expected tokens per second. Before the costs are
+        draft. 0: none. The size is this step's choice (`_choose_fetch`) if fetching it
+        pays this step (judged on the step's expected tokens per second), else the whole
+        K if that pays: where pre-drafts keep missing (a grammar's forced tokens are
+        never in their assumption), a fetch is the round's only way to drafts. Before the costs are
         measured: fetch_drafts, only when nobody has drafts at hand and no draft session
         is cold (a prefill: the two services then prefill side by side instead, while the
         target decodes the first token alone)."""
@@ -238,14 +240,17 @@ class Planner:
         drafting = c.draft_s(max(ks) + 1, drafting_n, 2 * drafting_n)
         o = c.overhead_s(len(gens), drafting_n)
         without = base_tokens / (max(c.verify_s(target, prefill, True), drafting) + o)
-        fetched = [min(ks[i], self.fetch_now) for i in missing]
-        first = c.draft_s(max(fetched) + 1, len(missing),
-                          sum(gens[i].catch_up for i in missing))
-        more = sum(_round_tokens(gens[i].acceptance, f) - 1
-                   for i, f in zip(missing, fetched, strict=True))
-        with_ = (base_tokens + more) / (
-            first + max(c.verify_s(target + sum(fetched), prefill, True), drafting) + o)
-        return self.fetch_now if with_ > without else 0
+        for size in dict.fromkeys((self.fetch_now, max(ks))):  # the step's size first
+            fetched = [min(ks[i], size) for i in missing]
+            first = c.draft_s(max(fetched) + 1, len(missing),
+                              sum(gens[i].catch_up for i in missing))
+            more = sum(_round_tokens(gens[i].acceptance, f) - 1
+                       for i, f in zip(missing, fetched, strict=True))
+            with_ = (base_tokens + more) / (
+                first + max(c.verify_s(target + sum(fetched), prefill, True), drafting) + o)
+            if with_ > without:
+                return size
+        return 0
 
     def describe(self) -> str:
         return (f"{self.costs.summary()}; delivered/predicted at "
