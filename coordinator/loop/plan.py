@@ -26,7 +26,7 @@ from __future__ import annotations
 from coordinator.drafters.costs import LookupSettings
 from coordinator.loop.calibration import Calibration
 from coordinator.loop.costs import Costs
-from coordinator.loop.step_model import FETCH_DRAFTS, Candidate, StepModel
+from coordinator.loop.step_model import FETCH_DRAFTS, Candidate, StepModel, round_tokens
 
 PROBE_EVERY = 16  # steps between probes of the draft's cost to the target, at most
 PROBE_MARGIN = 0.25  # ... only while drafting is predicted to win by less than this
@@ -221,19 +221,18 @@ class Planner:
         drafts, rather than verify them without: every generation then waits for the
         draft. 0: none. The size is this step's choice (`_choose_fetch`) if fetching it
         pays this step (judged on the step's expected tokens per second), else the whole
-        K if that pays: where pre-drafts keep missing (a grammar's forced tokens are
-        never in their assumption), a fetch is the round's only way to drafts. Before the costs are
-        measured: fetch_drafts, only when nobody has drafts at hand and no draft session
-        is cold (a prefill: the two services then prefill side by side instead, while the
-        target decodes the first token alone)."""
+        K if that pays: where pre-drafts keep missing (a grammar's forced tokens are not
+        in their assumption), a fetch is a round's only way to drafts. Before the costs
+        are measured: fetch_drafts, only when nobody has drafts at hand and no draft
+        session is cold (a prefill: the two services then prefill side by side instead,
+        while the target decodes the first token alone)."""
         c = self.costs
         if not c.ready:
             fetch = all(not g.ready for g in gens) and not any(gens[i].cold for i in missing)
             return self.fetch_drafts if fetch else 0
-        ready = [i for i, g in enumerate(gens) if g.ready and ks[i]]
-        tokens = [_round_tokens(g.acceptance, ks[i]) if i in ready else 1.0
-                  for i, g in enumerate(gens)]
-        base_tokens = sum(tokens)
+        ready = {i for i, g in enumerate(gens) if g.ready and ks[i]}
+        base_tokens = sum(round_tokens(g.acceptance, ks[i]) if i in ready else 1.0
+                          for i, g in enumerate(gens))
         target = len(gens) + sum(ks[i] for i in ready)
         prefill = sum(g.extra_target_tokens for g in gens)
         drafting_n = len(ready) + len(missing)
@@ -244,7 +243,7 @@ class Planner:
             fetched = [min(ks[i], size) for i in missing]
             first = c.draft_s(max(fetched) + 1, len(missing),
                               sum(gens[i].catch_up for i in missing))
-            more = sum(_round_tokens(gens[i].acceptance, f) - 1
+            more = sum(round_tokens(gens[i].acceptance, f) - 1
                        for i, f in zip(missing, fetched, strict=True))
             with_ = (base_tokens + more) / (
                 first + max(c.verify_s(target + sum(fetched), prefill, True), drafting) + o)
@@ -257,8 +256,3 @@ class Planner:
                 f"{self.predicted[3]} generations: "
                 f"{self.calibration.describe(self.predicted[3])}")
 
-
-def _round_tokens(a: float, k: int) -> float:
-    """The expected tokens of a round verifying k drafts at per-token acceptance a."""
-    a = min(a, 0.99)
-    return (1 - a ** (k + 1)) / (1 - a) if k > 0 else 1.0

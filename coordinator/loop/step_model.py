@@ -37,12 +37,12 @@ LONGER = 0.04
 # Drafts fetched after a missed pre-draft (at most the round's K; a lone generation
 # fetches its whole K instead where the step's model says so, Planner._choose_fetch): a
 # fetch makes the target wait for its passes, and its round's pre-draft is sized K
-# anyway. Replayed on
-# the Qwen2.5-Coder pair's texts and pass costs (`specdec replay-predraft`): fetching 1
-# rather than K gave chat 1.66x against 1.51x (K=2) and code 2.50x against 2.41x (K=3);
-# 2 gave 1.57x and 2.48x at K=3. Measured through `specdec up` (`specdec bench
-# --interactive`, one host, back to back): chat 1.17x -> 1.21x with the server's K
-# (K=3: 1.21x -> 1.25x), code 2.04x -> 2.12x (K=3: 1.98x -> 2.12x); design section 28.
+# anyway. Replayed on the Qwen2.5-Coder pair's texts and pass costs (`specdec
+# replay-predraft`): fetching 1 rather than K gave chat 1.66x against 1.51x (K=2) and
+# code 2.50x against 2.41x (K=3); 2 gave 1.57x and 2.48x at K=3. Measured through
+# `specdec up` (`specdec bench --interactive`, one host, back to back): chat 1.17x ->
+# 1.21x with the server's K (K=3: 1.21x -> 1.25x), code 2.04x -> 2.12x (K=3: 1.98x ->
+# 2.12x); design section 28.
 FETCH_DRAFTS = 1
 
 
@@ -63,6 +63,15 @@ class Candidate:
     why_not: str = ""  # why it cannot draft this step (cap 0), for its stats
 
 
+def round_tokens(a: float, k: int) -> float:
+    """The expected tokens of a round verifying k drafts at per-token acceptance a:
+    (1 - a^(k+1)) / (1 - a), the drafts accepted in a row and the target's token."""
+    if k <= 0:
+        return 1.0
+    a = min(max(a, 0.0), 0.99)
+    return (1 - a ** (k + 1)) / (1 - a)
+
+
 def chain(a: float, k: int, fetch: bool = False,
           fetched: int | None = None) -> tuple[float, float, float]:
     """(expected tokens per step beyond the one every step gives, expected drafts
@@ -75,13 +84,12 @@ def chain(a: float, k: int, fetch: bool = False,
         return 0.0, 0.0, 0.0
     a = min(max(a, 0.0), 0.99)
     hold = a ** (k + 1)
-    per_round = (1 - hold) / (1 - a)
+    per_round = round_tokens(a, k)
     if fetch:
         f = k if fetched is None else max(1, min(fetched, k))
         hold_f = a ** (f + 1)
         held = hold_f / (1 - hold + hold_f)  # the rounds whose pre-draft held
-        per_fetched = (1 - hold_f) / (1 - a)
-        return (held * (per_round - 1) + (1 - held) * (per_fetched - 1),
+        return (held * (per_round - 1) + (1 - held) * (round_tokens(a, f) - 1),
                 held * k + (1 - held) * f, 1 - held)
     pi = a / (1 - hold + a) if a > 0 else 0.0
     return pi * (per_round - 1), pi * k, 0.0
@@ -147,10 +155,9 @@ class StepModel:
         steps_left = max(1.0, g.remaining / per_step)
         fed = 1 + g.catch_up * min(1.0, AMORTISE_STEPS / steps_left)
         fetch_s = 0.0
-        if miss:
-            p = self.p
-            first = self.f
-            fetch_s = miss * (max(0.0, first[0] + first[1] * 2) + f * max(0.0, p[0] + p[1]))
+        if miss:  # the fetch's first pass feeds ~2 tokens, then one pass per draft
+            fetch_s = miss * (max(0.0, self.f[0] + self.f[1] * 2)
+                              + f * max(0.0, self.p[0] + self.p[1]))
         return extra, drafts, fed, fetch_s
 
     def _add(self, i: int, k: int, sign: int) -> None:
