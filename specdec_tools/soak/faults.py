@@ -127,9 +127,30 @@ class ModelService:
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
 
-    def start(self, timeout: float = 300.0) -> None:
-        args = self.spec.args(self.port, self.cpus) + ["--metrics-port", str(self.metrics_port)]
-        self.proc = launcher.start(self.spec.module, args, timeout=timeout, name=self.name)
+    def start(self, timeout: float = 300.0, tries: int = 3) -> None:
+        """Start (or restart) it on its ports. Between a kill and its restart another
+        process may take a port as its own ephemeral one; a taken metrics port is then
+        replaced by a free one (only the soak reads it), and a taken gRPC port, which the
+        coordinator knows, is waited for."""
+        for attempt in range(1, tries + 1):
+            args = self.spec.args(self.port, self.cpus) + ["--metrics-port",
+                                                           str(self.metrics_port)]
+            try:
+                self.proc = launcher.start(self.spec.module, args, timeout=timeout,
+                                           name=self.name)
+                break
+            except RuntimeError as exc:
+                taken = "Address already in use" in str(exc) or "address in use" in str(exc)
+                if not taken or attempt == tries:
+                    raise
+                if "cannot serve metrics" in str(exc):
+                    old, self.metrics_port = self.metrics_port, free_port()
+                    log.warning("%s: metrics port %d is taken; restarting it on %d",
+                                self.name, old, self.metrics_port)
+                else:
+                    log.warning("%s: port %d is taken; trying again in 2 s", self.name,
+                                self.port)
+                    time.sleep(2.0)
         self.pids.append(self.proc.proc.pid)
         self.logs.append(self.proc)
         log.info("%s ready at %s (pid %d, metrics port %d)", self.name, self.address,
