@@ -24,6 +24,7 @@ from specdec.paths import (
     QWEN_CODER_TARGET,
     QWEN_CODER_TOKENIZER,
     default_home,
+    ir_dir_for,
     is_prepared,
     model_dir,
 )
@@ -177,19 +178,99 @@ def prepare_pair(pair: PreparedPair, home: Path | None = None, force: bool = Fal
     needed = list(dict.fromkeys(models[r] for r in roles))
     ggufs = dict(zip(needed, fetch([m.parts for m in needed], pair.requirements_path,
                                    gguf_dir(home), log, find_links=wheels), strict=True))
+    beside = None
+    if set(roles) >= {"target", "draft"} and (force or all(
+            _due(models[r], ggufs[models[r]], home) for r in ("target", "draft"))):
+        beside = _start_beside(pair, "draft", home, force, wheels, log)
     out = {}
-    for role in roles:
-        model = models[role]
-        if role == "tokenizer":
-            out[role] = prepare_model(pair.tokenizer, ggufs[model], convert_tokenizer, home,
-                                      force, log)
-            continue
-        if not is_prepared(model_dir(model.name, home), ggufs[model]):
-            # fp32 folder about 5.5x the Q4_K_M GGUF, and its IR beside it
-            check_space(home, 7 * model.parts.size, f"converting {model.name}")
-        folder = prepare_model(model.name, ggufs[model], convert_qwen2, home, force, log)
-        out[role] = export(folder, model.weights, force=force, say=log)
+    try:
+        for role in sorted(roles, key=lambda r: r == "draft" and beside is not None):
+            model = models[role]
+            if role == "tokenizer":
+                out[role] = prepare_model(pair.tokenizer, ggufs[model], convert_tokenizer,
+                                          home, force, log)
+                continue
+            if role == "draft" and beside is not None:
+                _join_beside(beside, "draft")
+                beside, force = None, False  # made: what follows finds it cached
+            if not is_prepared(model_dir(model.name, home), ggufs[model]):
+                # fp32 folder about 5.5x the Q4_K_M GGUF, and its IR beside it
+                check_space(home, 7 * model.parts.size, f"converting {model.name}")
+            folder = prepare_model(model.name, ggufs[model], convert_qwen2, home, force, log)
+            out[role] = export(folder, model.weights, force=force, say=log)
+    finally:
+        if beside is not None and beside.poll() is None:  # the target failed: stop it too
+            beside.kill()
+            beside.wait()
     return out
+
+
+# Both models are converted at once, the draft in a second process, when both are due
+# and this much memory is free: the steps are single-threaded for long stretches
+# (de-quantizing, writing safetensors), so the second core does the draft's meanwhile.
+BESIDE_MIN_GIB = 16.0
+
+
+def _due(model: PreparedModel, gguf: Path, home: Path) -> bool:
+    """Whether the model's folder or its IR has still to be made."""
+    from specdec.runtime.openvino_export import is_exported
+
+    folder = model_dir(model.name, home)
+    return not (is_prepared(folder, gguf) and
+                is_exported(ir_dir_for(folder, model.weights), folder))
+
+
+def available_gib() -> float:
+    """MemAvailable in GiB (0 where /proc/meminfo cannot say)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) / 2**20
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0.0
+
+
+def _start_beside(pair: PreparedPair, role: str, home: Path, force: bool,
+                  wheels: Path | None, log: Log):
+    """`specdec prepare --pair NAME --only ROLE` in a child process whose log lines are
+    passed on prefixed with `[ROLE]` (its progress bars off: two would tangle); None
+    where memory is short (the caller then prepares the role itself, after the other)."""
+    import os
+    import subprocess
+    import threading
+
+    free = available_gib()
+    if free < BESIDE_MIN_GIB:
+        log(f"{free:.1f} GiB of memory free (< {BESIDE_MIN_GIB:.0f}): converting the models "
+            "one after the other")
+        return None
+    log(f"converting the {role} in a second process beside the target")
+    cmd = [sys.executable, "-m", "specdec.cli", "prepare", "--pair", pair.name, "--only",
+           role, "--home", str(home), *(["--force"] if force else []),
+           *(["--wheels", str(wheels)] if wheels else [])]
+    child = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                             text=True, env={**os.environ, "TQDM_DISABLE": "1"})
+    child.tail = []
+
+    def relay():
+        for line in child.stderr:
+            child.tail = (child.tail + [line.rstrip()])[-20:]
+            log(f"[{role}] {line.rstrip()}")
+
+    child.relay = threading.Thread(target=relay, daemon=True)
+    child.relay.start()
+    return child
+
+
+def _join_beside(child, role: str) -> None:
+    """Wait for the child of `_start_beside`; PrepareError with its last lines if it failed."""
+    code = child.wait()
+    child.relay.join(10)
+    if code != 0:
+        raise PrepareError(f"preparing the {role} failed (exit {code}):\n" +
+                           "\n".join(child.tail))
 
 
 def prepare_cli(name: str, home: Path | None, force: bool, wheels: Path | None,

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from specdec import paths
 from specdec.model_pairs import PAIRS
 from specdec.pair import SERVED
@@ -67,3 +69,33 @@ def test_the_k8s_overlay_runs_each_service_as_up_does():
             flags = getattr(SERVED[name], role).model_flags()
             for flag, value in zip(flags[::2], flags[1::2], strict=True):
                 assert f"{flag}={value}" in container["args"], (name, role, flag)
+
+
+def test_a_failed_conversion_beside_says_why(tmp_path, monkeypatch):
+    """The draft's conversion in a second process: its failure is a PrepareError carrying
+    the child's last lines (here the CLI refusing an unknown pair), and its lines reach
+    the log prefixed with its role."""
+    from dataclasses import replace
+
+    from specdec import model_pairs
+    from specdec.part_wheels import PrepareError
+
+    monkeypatch.setattr(model_pairs, "BESIDE_MIN_GIB", 0.0)
+    said = []
+    child = model_pairs._start_beside(replace(model_pairs.QWEN_CODER, name="no-such-pair"),
+                                      "draft", tmp_path, False, None, said.append)
+    with pytest.raises(PrepareError, match=r"preparing the draft failed \(exit 2\)"
+                                           r"(.|\n)*invalid choice: 'no-such-pair'"):
+        model_pairs._join_beside(child, "draft")
+    assert any(line.startswith("[draft] ") and "invalid choice" in line for line in said)
+
+
+def test_short_memory_converts_one_model_after_the_other(tmp_path, monkeypatch):
+    from specdec import model_pairs
+
+    monkeypatch.setattr(model_pairs, "BESIDE_MIN_GIB", 1e9)
+    said = []
+    assert model_pairs._start_beside(model_pairs.QWEN_CODER, "draft", tmp_path, False, None,
+                                     said.append) is None
+    assert "one after the other" in said[-1]
+    assert model_pairs.available_gib() > 0
