@@ -112,6 +112,7 @@ def _call_and_result(c, model):
     return first, [{"type": "function_call_output", "call_id": call.call_id, "output": "5"}]
 
 
+@pytest.mark.long  # a coordinator of two replicas (~37 s; make test-long, CI runs it)
 def test_a_conversation_continues_on_another_replica(draft_server, target_server, tmp_path):
     args = ["--draft", draft_server[0], "--target", target_server[0], "--min-replicas", "2",
             "--max-replicas", "2", "--expose-replicas", "--response-store",
