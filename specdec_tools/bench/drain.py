@@ -48,6 +48,23 @@ def live_sessions(port: int, role: str) -> float:
     raise KeyError(f"{name} not reported on port {port}")
 
 
+def histogram_totals(port: int, name: str) -> tuple[float, float]:
+    """(sum, count) of histogram `name` on a metrics port: read twice, the difference is
+    what happened between (e.g. a service's forward passes and their seconds)."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read()
+    got = {}
+    for line in text.decode().splitlines():
+        for part in ("_sum", "_count"):
+            if line.startswith(name + part + " "):
+                got[part] = float(line.split()[1])
+    if len(got) != 2:
+        raise KeyError(f"histogram {name} not reported on port {port}")
+    return got["_sum"], got["_count"]
+
+
+TARGET_PASSES = "specdec_target_forward_duration_seconds"
+
+
 def rss_of(processes: dict[str, int]) -> dict[str, float]:
     return {role: round(rss_mb(pid), 1) for role, pid in processes.items()}
 

@@ -64,9 +64,14 @@ def order(variants: list, i: int) -> list:
 
 
 def one_at_a_time(address: str, prompts: dict[str, list[tuple[str, str]]], ks: list[int],
-                  max_new_tokens: int, repeats: int, tls=None, say=print) -> list[dict]:
+                  max_new_tokens: int, repeats: int, tls=None, say=print,
+                  target_passes=None) -> list[dict]:
     """Every (kind, prompt, repeat) through every variant, one request at a time; a row
-    per request."""
+    per request. `target_passes()`: the target service's forward passes so far, as
+    (seconds, count) (drain.histogram_totals on its metrics port); read around each
+    request, it gives the row's mean target pass (None where it is not given): what a
+    Verify of that variant's width costs in the service itself, RPCs and the
+    coordinator left out."""
     variants = [0, None] + [k for k in ks if k > 0]
     clients = {k: GrpcVariant(address, k, variant_name(k), tls=tls) for k in variants}
     jobs = [(kind, name, text, r) for r in range(repeats) for kind in prompts
@@ -82,8 +87,14 @@ def one_at_a_time(address: str, prompts: dict[str, list[tuple[str, str]]], ks: l
         load = Load(1, max_new_tokens, (text,), **(PENALTIES if kind == PENALISED else {}))
         prefill.window(Load(1, 2, (text,)), "prefill")  # both caches warm for every variant
         for k in order(variants, i):
+            before = target_passes() if target_passes else None
             sample = clients[k].window(load).samples[0]
             rows.append(_row(sample, kind, name, r, k))
+            if before is not None:
+                seconds, passes = (a - b for a, b in zip(target_passes(), before,
+                                                         strict=True))
+                rows[-1]["target_passes"] = int(passes)
+                rows[-1]["target_pass_ms"] = seconds / passes * 1e3 if passes else None
         base = next(x for x in rows[-len(variants):] if x["variant"] == "K=0")
         srv = next(x for x in rows[-len(variants):] if x["variant"] == SERVER)
         bar.write(f"  {kind}/{name}: target-only {base['tok_s']:.1f} tok/s, server "
@@ -126,9 +137,11 @@ def run(args) -> int:
             "concurrency": levels, "speedup_definition": report.SPEEDUP}
     with ExitStack() as es:
         # `specdec up`'s defaults, on free ports
-        cfg = stack.StackConfig(pair=SERVED[args.pair], port=drain.free_port(), draft_port=0,
+        # the target with a metrics port: its own pass times, read around each request
+        pair, metrics = drain.with_metrics_ports(SERVED[args.pair])
+        cfg = stack.StackConfig(pair=pair, port=drain.free_port(), draft_port=0,
                                 target_port=0, http_port=0, pin=args.pin)
-        tls = None
+        tls, passes = None, None
         if args.address:
             address = args.address
             meta["coordinator"] = f"given: {address}"
@@ -139,8 +152,11 @@ def run(args) -> int:
             meta["coordinator"] = "specdec up defaults, started here"
             meta["target_args"] = cfg.pair.target.args(0, placement(cfg.pin)["target"])
             meta["draft_args"] = cfg.pair.draft.args(0, placement(cfg.pin)["draft"])
+
+            def passes():
+                return drain.histogram_totals(metrics["target"], drain.TARGET_PASSES)
         rows = one_at_a_time(address, prompts, ks, args.max_new_tokens, args.repeats, tls,
-                             say) if not args.skip_interactive else []
+                             say, passes) if not args.skip_interactive else []
         windows = []
         if levels:
             general = tuple(t for _, t in SETS[args.prompt_set]["general"])

@@ -52,6 +52,9 @@ def summarise(rows: list[dict]) -> dict:
                 "mean_k": _median([r["mean_k"] for r in got]),
                 "drafts_per_round": _median([r.get("drafts_per_round", 0.0) for r in got]),
                 "drafted_nothing": sum(1 for r in got if r["drafted"] == 0),
+                # the target service's own mean pass, where the run could read it
+                "target_pass_ms": _median([r["target_pass_ms"] for r in got
+                                           if r.get("target_pass_ms") is not None]),
                 "requests": len(got)}
         fixed = [v for v in variants if v not in (BASE, SERVER)
                  and figures[v]["speedup"] is not None]
@@ -131,11 +134,12 @@ def markdown(summary: dict, load: list[dict], meta: dict) -> str:
                   f"that drafted nothing where a fixed K gained {GAIN}x or more: "
                   f"{len(s['idle_server'])}", "",
                   "| variant | speedup | tok/s | acceptance | mean K | drafts / round | "
-                  "drafted nothing |", "|---|---|---|---|---|---|---|"]
+                  "target pass, ms | drafted nothing |", "|---|---|---|---|---|---|---|---|"]
         for name, f in v.items():
             lines.append(f"| {name} | {_f(f['speedup'])}x | {_f(f['tok_s'], '{:.1f}')} | "
                          f"{_f(f['acceptance'])} | {_f(f['mean_k'])} | "
                          f"{_f(f['drafts_per_round'])} | "
+                         f"{_f(f.get('target_pass_ms'), '{:.1f}')} | "
                          f"{f['drafted_nothing']} of {f['requests']} |")
         if s["reasons"]:
             lines += ["", "Why the server's K was 0 in some rounds: " + "; ".join(

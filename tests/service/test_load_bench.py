@@ -234,15 +234,30 @@ def test_genai_continuous_batching_peer_under_load():
     assert rows[1].throughput_ratio is not None and rows[1].baseline == rows[0].scenario
 
 
-def test_interactive_bench_compares_the_servers_k_with_fixed_ks(generator, tmp_path):
+def test_interactive_bench_compares_the_servers_k_with_fixed_ks(generator, target_server,
+                                                                tmp_path):
     """`specdec bench --interactive`'s first part against a real coordinator (tiny
     models): every variant of every prompt, one request at a time; greedy outputs equal
     target-only's; the report names the best fixed K and the server's ratio to it."""
-    from specdec_tools.bench import interactive, interactive_report
+    from specdec.metrics import PrometheusModelMetrics
+    from specdec_tools.bench import drain, interactive, interactive_report
 
     address, _ = generator
     prompts = {"general": [("a", MESSAGES[0])], "code": [("b", MESSAGES[1])]}
-    rows = interactive.one_at_a_time(address, prompts, [1, 2], 8, 1, say=print)
+    model = target_server[1].model  # its passes on a metrics port, as the bench reads them
+    metrics, port = PrometheusModelMetrics("target"), drain.free_port()
+    metrics.serve(port, "127.0.0.1")
+    served, model.metrics = model.metrics, metrics
+    try:
+        rows = interactive.one_at_a_time(
+            address, prompts, [1, 2], 8, 1, say=print,
+            target_passes=lambda: drain.histogram_totals(port, drain.TARGET_PASSES))
+    finally:
+        model.metrics = served
+        metrics.close()
+    # every request's target passes: one per round at least, each of some milliseconds
+    assert all(r["target_passes"] >= r["rounds"] > 0 and r["target_pass_ms"] > 0
+               for r in rows)
     assert sorted((r["kind"], r["variant"]) for r in rows) == sorted(
         (kind, v) for kind in prompts for v in ("K=0", "server", "K=1", "K=2"))
     assert all(r["error"] is None and r["tokens"] > 0 for r in rows)

@@ -93,3 +93,21 @@ def test_the_load_table_sets_the_server_beside_each_peers_plain_pipeline():
                                    "prompt_set": "held-out", "max_new_tokens": 64,
                                    "repeats": 1})
     assert "| 22.0 | 1.50x |" in md
+
+
+def test_the_target_services_own_pass_is_a_median_and_a_column_where_it_was_read():
+    rows = []
+    for p, ms in (("a", 100.0), ("b", 120.0), ("c", 140.0)):
+        base, spec = row("chat", p, "K=0", 10.0), row("chat", p, "K=2", 12.0)
+        base["target_pass_ms"], spec["target_pass_ms"] = ms, ms * 1.5
+        rows += [base, spec, row("chat", p, "server", 11.0)]  # the server's: not read
+    v = report.summarise(rows)["chat"]["variants"]
+    assert v["K=0"]["target_pass_ms"] == pytest.approx(120.0)
+    assert v["K=2"]["target_pass_ms"] == pytest.approx(180.0)
+    assert v["server"]["target_pass_ms"] is None
+    md = report.markdown(report.summarise(rows), [], {
+        "command": "c", "date": "d", "machine": "m", "prompt_set": "s",
+        "max_new_tokens": 8, "repeats": 1})
+    assert "| target pass, ms |" in md
+    assert "| K=2 | 1.20x | 12.0 | 0.50 | 2.00 | 1.00 | 180.0 | 0 of 3 |" in md
+    assert "| server | 1.10x | 11.0 | 0.50 | 0.00 | 1.00 | - | 0 of 3 |" in md
