@@ -10,7 +10,9 @@ A step lasts `F + max(V, D) + o`:
      cannot show, e.g. both services and the coordinator sharing one host's cores and
      memory bandwidth. It is a measured term like the others, learnt from steps that
      drafted and steps that did not (coordinator.loop.plan probes when it has no such
-     steps and the choice is close);
+     steps and the choice is close). Every step that drafts also verifies two tokens
+     or more, so it holds whatever that step costs too: on the Qwen pair the target's
+     own pass rose 22 ms from one token to two (docs/benchmarks.md, the fourth host);
   D  the ProposeBatch of the pre-drafts: a first pass that feeds each session what the
      round committed (by those tokens) and one pass per further drafted position (by
      the sessions still drafting at that position, as the draft reports its passes);
