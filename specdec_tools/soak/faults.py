@@ -35,7 +35,7 @@ from pathlib import Path
 
 from specdec import launcher
 from specdec.pair import Pair, ServiceSpec, placement
-from specdec_tools.bench.drain import free_port, live_sessions
+from specdec_tools.bench.drain import free_port, live_sessions, sample, scrape
 
 log = logging.getLogger("specdec_tools.soak.cli")
 
@@ -180,18 +180,11 @@ class ModelService:
 
     def kv_pool_mib(self) -> float | None:
         """Its KV block pool in MiB (metrics' kv_pool_bytes); None if it cannot say."""
-        import urllib.request
-
-        name = f"specdec_{self.spec.role}_kv_pool_bytes"
         try:
-            text = urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics",
-                                          timeout=5).read().decode()
+            pool = scrape(self.metrics_port).get(f"specdec_{self.spec.role}_kv_pool_bytes")
         except OSError:
             return None
-        for line in text.splitlines():
-            if line.startswith(name + " "):
-                return round(float(line.split()[1]) / 2**20, 1)
-        return None
+        return None if pool is None else round(pool / 2**20, 1)
 
     def stop(self) -> None:
         if self.alive():
@@ -239,14 +232,7 @@ class Topology:
 
     def active_generations(self) -> int:
         """The coordinator replica's active-generations gauge."""
-        import urllib.request
-
-        name = "specdec_coordinator_active_generations"
-        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
-        for line in urllib.request.urlopen(url, timeout=5).read().decode().splitlines():
-            if line.startswith(name + " "):
-                return int(float(line.split()[1]))
-        raise KeyError(f"{name} not reported at {url}")
+        return int(sample(self.metrics_port, "specdec_coordinator_active_generations"))
 
     def processes(self) -> dict[str, int]:
         """{label: pid} of every live process: the model services and the coordinator's

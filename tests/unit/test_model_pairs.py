@@ -82,11 +82,11 @@ def test_a_failed_conversion_beside_says_why(tmp_path, monkeypatch):
 
     monkeypatch.setattr(model_pairs, "BESIDE_MIN_GIB", 0.0)
     said = []
-    child = model_pairs._start_beside(replace(model_pairs.QWEN_CODER, name="no-such-pair"),
+    child = model_pairs._Beside.start(replace(model_pairs.QWEN_CODER, name="no-such-pair"),
                                       "draft", tmp_path, False, None, said.append)
     with pytest.raises(PrepareError, match=r"preparing the draft failed \(exit 2\)"
                                            r"(.|\n)*invalid choice: 'no-such-pair'"):
-        model_pairs._join_beside(child, "draft")
+        child.join()
     assert any(line.startswith("[draft] ") and "invalid choice" in line for line in said)
 
 
@@ -95,7 +95,7 @@ def test_short_memory_converts_one_model_after_the_other(tmp_path, monkeypatch):
 
     monkeypatch.setattr(model_pairs, "BESIDE_MIN_GIB", 1e9)
     said = []
-    assert model_pairs._start_beside(model_pairs.QWEN_CODER, "draft", tmp_path, False, None,
+    assert model_pairs._Beside.start(model_pairs.QWEN_CODER, "draft", tmp_path, False, None,
                                      said.append) is None
     assert "one after the other" in said[-1]
     assert model_pairs.available_gib() > 0
